@@ -1,0 +1,3 @@
+from drift_cli.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""The speculative decoding engine: one loop for every method."""

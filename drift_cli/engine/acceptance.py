@@ -1,0 +1,58 @@
+"""The acceptance rule (Leviathan et al. 2023), the only place it is written.
+
+Greedy: accept while each drafted token equals the target's argmax; emit the target's argmax at
+the first mismatch (the correction) or after the last drafted token (the bonus).
+
+Sampling: accept x_t with probability min(1, p_t(x_t) / q_t(x_t)), where q_t is the distribution
+x_t was actually drawn from (a biased one for DRIFT); at the first rejection draw from
+norm(max(p_t - q_t, 0)); when all k are accepted draw the bonus from p_{k+1}. A point-mass
+proposal (model-free drafters) is q_t = one_hot(x_t): acceptance with probability p_t(x_t),
+and the residual is p_t with x_t removed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def accepted_prefix(ok: torch.Tensor) -> torch.Tensor:
+    """ok: [B, k] bool per position -> [B] length of the all-true prefix."""
+    return ok.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def accept_greedy(tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens [B, k], target_logits [B, k+1, V] -> (accepted [B], next_token [B])."""
+    k = tokens.shape[1]
+    best = target_logits.argmax(dim=-1)                     # [B, k+1]
+    accepted = accepted_prefix(tokens == best[:, :k])       # [B]
+    next_token = best.gather(1, accepted[:, None]).squeeze(1)
+    return accepted, next_token
+
+
+def accept_sampling(
+    tokens: torch.Tensor,
+    q: torch.Tensor | None,
+    p: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens [B, k]; q [B, k, V] proposal probs (None: point mass); p [B, k+1, V] target probs.
+
+    Returns (accepted [B], next_token [B]).
+    """
+    b, k = tokens.shape
+    if q is None:
+        q = torch.zeros_like(p[:, :k]).scatter_(-1, tokens[..., None], 1.0)
+    px = p[:, :k].gather(-1, tokens[..., None]).squeeze(-1)   # [B, k]
+    qx = q.gather(-1, tokens[..., None]).squeeze(-1)          # [B, k], > 0: x was drawn from q
+    u = torch.rand((b, k), generator=generator, device=p.device)
+    accepted = accepted_prefix(u * qx < px)                   # u < p/q, i.e. prob min(1, p/q)
+    # Row n of p holds the distribution after n accepted tokens; pad q with a zero row so that
+    # when all k are accepted the "residual" is p_{k+1} itself (the bonus).
+    q_pad = torch.cat([q, torch.zeros_like(p[:, :1])], dim=1)  # [B, k+1, V]
+    idx = accepted[:, None, None].expand(-1, 1, p.shape[-1])
+    residual = (p.gather(1, idx) - q_pad.gather(1, idx)).squeeze(1).clamp_(min=0)  # [B, V]
+    mass = residual.sum(-1, keepdim=True)
+    # mass == 0 only when p == q at the rejected position, where rejection has probability 0.
+    residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p.gather(1, idx).squeeze(1))
+    next_token = torch.multinomial(residual, 1, generator=generator).squeeze(1)
+    return accepted, next_token

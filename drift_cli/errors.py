@@ -1,0 +1,15 @@
+"""Errors a user can cause. The CLI turns every `BadInput` into one line on stderr and exit 2."""
+
+from __future__ import annotations
+
+
+class BadInput(Exception):
+    """Input the user can fix: unknown names, missing paths, bad flag values. Exit code 2."""
+
+    exit_code = 2
+
+
+class CheckFailed(Exception):
+    """A check that ran and failed (the regression gate). Exit code 1."""
+
+    exit_code = 1
