@@ -1,0 +1,196 @@
+"""Triton kernels vs the PyTorch reference, under TRITON_INTERPRET=1 on the CPU (conftest sets it).
+
+Shapes are odd on purpose (N not a multiple of the tile, d not a power of two, k above the
+number of valid slots, empty banks). One tolerance table per key dtype; the fp32 bias add is
+compared bit for bit.
+"""
+
+import pytest
+import torch
+
+import drift_kernels
+from drift_kernels import reference
+
+triton = pytest.importorskip("triton")
+
+# dtype -> (similarity / weight atol, stored-key atol after an update)
+TOL = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-5, 1e-3),
+    torch.bfloat16: (1e-5, 8e-3),
+}
+
+
+def make_bank(n, d, dtype, seed=0, valid_share=1.0):
+    g = torch.Generator().manual_seed(seed)
+    keys = reference.unit_rows(torch.randn(n, d, generator=g)).to(dtype)
+    valid = torch.rand(n, generator=g) < valid_share
+    return keys, valid, g
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("n,d,q,k", [(6, 20, 3, 4), (123, 48, 5, 4), (4097, 24, 2, 3), (9, 17, 4, 8)])
+def test_retrieval_matches_reference(dtype, n, d, q, k):
+    keys, valid, g = make_bank(n, d, dtype, seed=n, valid_share=0.7)
+    h = torch.randn(q, d, generator=g) * 3.0
+    got = drift_kernels.retrieve(h, keys, valid, k, sigma=0.5, backend="triton")
+    want = reference.retrieve(h, keys, valid, k, sigma=0.5)
+    assert torch.equal(got.idx, want.idx)
+    assert torch.equal(torch.isinf(got.sim), torch.isinf(want.sim))
+    live = want.idx >= 0
+    atol = TOL[dtype][0]
+    torch.testing.assert_close(got.sim[live], want.sim[live], atol=atol, rtol=0)
+    torch.testing.assert_close(got.weight, want.weight, atol=atol, rtol=0)
+    assert bool((got.weight[~live] == 0).all())
+
+
+def test_retrieval_k_above_valid_count_pads_with_minus_one():
+    keys, _, g = make_bank(10, 16, torch.float32)
+    valid = torch.zeros(10, dtype=torch.bool)
+    valid[[2, 7]] = True
+    h = torch.randn(2, 16, generator=g)
+    for backend in ("triton", "reference"):
+        nb = drift_kernels.retrieve(h, keys, valid, 4, sigma=0.5, backend=backend)
+        assert sorted(nb.idx[0, :2].tolist()) == [2, 7]
+        assert nb.idx[:, 2:].tolist() == [[-1, -1], [-1, -1]]
+        assert nb.weight[:, 2:].abs().sum().item() == 0.0
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_retrieval_empty_bank(backend):
+    h = torch.randn(3, 16)
+    for keys, valid in [(torch.empty(0, 16), torch.empty(0, dtype=torch.bool)),
+                        (torch.randn(5, 16), torch.zeros(5, dtype=torch.bool))]:
+        nb = drift_kernels.retrieve(h, keys, valid, 4, sigma=0.5, backend=backend)
+        assert nb.idx.tolist() == [[-1] * 4] * 3
+        assert nb.weight.abs().sum().item() == 0.0
+
+
+def test_retrieval_ties_go_to_the_lower_slot():
+    key = reference.unit_rows(torch.randn(1, 16))
+    keys = key.repeat(70, 1)                      # 70 identical keys across two tiles
+    valid = torch.ones(70, dtype=torch.bool)
+    for backend in ("triton", "reference"):
+        nb = drift_kernels.retrieve(key * 2, keys, valid, 4, sigma=0.5, backend=backend)
+        assert nb.idx.tolist() == [[0, 1, 2, 3]]
+
+
+def test_retrieval_exact_key_has_weight_one():
+    keys, valid, _ = make_bank(30, 24, torch.float32)
+    nb = drift_kernels.retrieve(keys[[11]] * 5.0, keys, valid, 2, sigma=0.3, backend="triton")
+    assert nb.idx[0, 0].item() == 11
+    assert abs(nb.weight[0, 0].item() - 1.0) < 1e-6
+
+
+def make_bias_case(q, n, m, v, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    support = torch.stack([torch.randperm(v, generator=g)[:m] for _ in range(n)]).to(torch.int32)
+    # force shared tokens across prototypes so the scatter sums collide
+    support[:, 0] = 3
+    bias = torch.randn(n, m, generator=g) * 2.0
+    keys = reference.unit_rows(torch.randn(n, 24, generator=g))
+    valid = torch.rand(n, generator=g) < 0.8
+    nb = reference.retrieve(torch.randn(q, 24, generator=g), keys, valid, k, sigma=0.4)
+    z = torch.randn(q, v, generator=g) * 4.0
+    return z, nb, support, bias
+
+
+@pytest.mark.parametrize("q,n,m,v,k", [(1, 6, 5, 50, 4), (4, 123, 32, 1000, 4), (3, 7, 9, 97, 8), (5, 40, 1, 13, 3)])
+def test_sparse_bias_add_is_bit_exact(q, n, m, v, k):
+    z, nb, support, bias = make_bias_case(q, n, m, v, k, seed=q * 1000 + n)
+    before = z.clone()
+    got = drift_kernels.bias_add(z, nb, support, bias, gain=0.6, backend="triton")
+    want = reference.bias_add(z, nb, support, bias, gain=0.6)
+    assert torch.equal(got, want)
+    assert torch.equal(z, before)                 # the input logits are not modified
+    assert not torch.equal(got, z)                # and the bias did something
+
+
+def test_bias_add_by_hand():
+    z = torch.zeros(1, 6)
+    nb = reference.Neighbours(torch.tensor([[0, 1]]), torch.tensor([[1.0, 0.9]]), torch.tensor([[1.0, 0.5]]))
+    support = torch.tensor([[1, 2], [2, 4]])
+    bias = torch.tensor([[1.0, 2.0], [4.0, -8.0]])
+    # β = (1·[0,1,2,0,0,0] + 0.5·[0,0,4,0,-8,0]) / max(1, 1.5) ; λ = 0.75
+    want = torch.tensor([[0.0, 0.5, 2.0, 0.0, -2.0, 0.0]])
+    for backend in ("triton", "reference"):
+        assert torch.equal(drift_kernels.bias_add(z, nb, support, bias, 0.75, backend=backend), want)
+
+
+@pytest.mark.parametrize("q,n,v,k", [(2, 6, 37, 4), (3, 20, 1500, 3)])
+def test_dense_bias_add_is_bit_exact(q, n, v, k):
+    g = torch.Generator().manual_seed(v)
+    bias = torch.randn(n, v, generator=g)
+    keys = reference.unit_rows(torch.randn(n, 16, generator=g))
+    nb = reference.retrieve(torch.randn(q, 16, generator=g), keys, torch.ones(n, dtype=torch.bool), k, 0.4)
+    z = torch.randn(q, v, generator=g)
+    got = drift_kernels.bias_add(z, nb, None, bias, gain=0.6, backend="triton")
+    assert torch.equal(got, reference.bias_add_dense(z, nb, bias, gain=0.6))
+
+
+def test_bias_add_with_no_neighbours_is_identity():
+    z = torch.randn(2, 30)
+    nb = reference.retrieve(torch.randn(2, 8), torch.empty(0, 8), torch.empty(0, dtype=torch.bool), 4, 0.5)
+    support = torch.zeros(0, 4, dtype=torch.int64)
+    for backend in ("triton", "reference"):
+        assert torch.equal(drift_kernels.bias_add(z, nb, support, torch.zeros(0, 4), 0.6, backend=backend), z)
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("adaptive", [True, False])
+@pytest.mark.parametrize("n,d,m,slots", [(6, 20, 5, [2, 4, 2, 0]), (123, 33, 32, [100, 7, 100, 100, 5])])
+def test_update_matches_reference(dtype, adaptive, n, d, m, slots):
+    keys, _, g = make_bank(n, d, dtype, seed=d)
+    bias = torch.randn(n, m, generator=g)
+    counts = torch.randint(0, 5, (n,), generator=g, dtype=torch.int32)
+    slots = torch.tensor(slots)
+    residual = torch.randn(len(slots), m, generator=g)
+    h = torch.randn(len(slots), d, generator=g) * 2
+    state = [keys.clone(), bias.clone(), counts.clone()]
+    drift_kernels.update(*state, slots, residual, h, eta=0.1, adaptive=adaptive, backend="triton")
+    want = [keys.clone(), bias.clone(), counts.clone()]
+    reference.update(*want, slots, residual, h, eta=0.1, adaptive=adaptive)
+    torch.testing.assert_close(state[0].float(), want[0].float(), atol=TOL[dtype][1], rtol=0)
+    torch.testing.assert_close(state[1], want[1], atol=1e-6, rtol=1e-6)
+    assert torch.equal(state[2], want[2])
+    norms = state[0].float().norm(dim=1)
+    torch.testing.assert_close(norms, torch.ones(n), atol=TOL[dtype][1] * 10, rtol=0)
+
+
+def test_update_by_hand():
+    keys = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    bias = torch.tensor([[1.0, -1.0], [0.0, 0.0]])
+    counts = torch.tensor([1, 0])
+    residual = torch.tensor([[3.0, 1.0], [5.0, 5.0]])
+    h = torch.tensor([[0.0, 2.0], [0.0, 7.0]])
+    # position 0 hits slot 0 with n=1: η = max(0.1, 1/2) = 0.5; position 1 hits slot 0 again, n=2: η = 1/3
+    for backend in ("triton", "reference"):
+        k, b, c = keys.clone(), bias.clone(), counts.clone()
+        drift_kernels.update(k, b, c, torch.tensor([0, 0]), residual, h, eta=0.1, adaptive=True, backend=backend)
+        b0 = 0.5 * torch.tensor([1.0, -1.0]) + 0.5 * residual[0]                    # [2, 0]
+        b1 = (2 / 3) * b0 + (1 / 3) * residual[1]                                  # [3, 5/3]
+        k0 = torch.tensor([0.5, 0.5]) / torch.tensor([0.5, 0.5]).norm()
+        k1 = (2 / 3) * k0 + (1 / 3) * torch.tensor([0.0, 1.0])
+        k1 = k1 / k1.norm()
+        torch.testing.assert_close(b[0], b1, atol=1e-6, rtol=0)
+        torch.testing.assert_close(k[0], k1, atol=1e-6, rtol=0)
+        assert c.tolist() == [3, 0]
+        assert torch.equal(k[1], keys[1]) and torch.equal(b[1], bias[1])
+
+
+def test_support_residual_renormalises_and_clips():
+    logp = torch.log_softmax(torch.tensor([[0.0, 1.0, 2.0, -30.0]]), -1)
+    logq = torch.log_softmax(torch.tensor([[5.0, 1.0, 1.0, 1.0]]), -1)
+    r = reference.support_residual(logp, logq, torch.tensor([[1, 2]]))
+    # p over {1,2} = softmax([1,2]); q over {1,2} = [0.5, 0.5]
+    want = torch.log_softmax(torch.tensor([1.0, 2.0]), -1) - torch.log(torch.tensor([0.5, 0.5]))
+    torch.testing.assert_close(r[0], want)
+    r = reference.support_residual(logp, logq, torch.tensor([[3, 0]]))
+    assert r[0, 0].item() == -10.0
+
+
+def test_auto_backend_uses_reference_on_cpu():
+    assert not drift_kernels.use_triton(torch.zeros(1), "auto")
+    assert drift_kernels.use_triton(torch.zeros(1), "triton")
+    with pytest.raises(ValueError, match="unknown kernel backend"):
+        drift_kernels.use_triton(torch.zeros(1), "cuda")
