@@ -1,0 +1,239 @@
+"""`drift bench`: every requested method on the same prompt stream, then metrics and results.
+
+The orchestration only: models come from `drift_cli.models` / the zoo, streams from
+`drift_cli.scenarios`, decoding from `drift_cli.engine.loop`, numbers from `drift_cli.metrics`,
+files from `drift_cli.results`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from drift_cli import metrics
+from drift_cli.engine.lm import CausalLM
+from drift_cli.engine.loop import DecodeConfig, StreamRun, run_stream
+from drift_cli.errors import BadInput
+from drift_cli.methods import METHODS, resolve_methods
+from drift_cli.methods.base import MethodContext
+from drift_cli.models import Pair, check_same_tokenizer, checkpoint_dir, load_model, load_pair, load_tokenizer
+from drift_cli.results import SCHEMA_VERSION, RunJson, environment, new_run_id
+from drift_cli.stream import Stream
+
+CONTROL_SCENARIO = "indist"
+Progress = Callable[[str, float, float], None]
+
+
+@dataclass
+class BenchConfig:
+    scenario: str | None = "jargon"
+    corpus: str | None = None
+    methods: str = "all"
+    zoo: str = "small"
+    draft: str | None = None
+    target: str | None = None
+    split: str = "test"
+    max_prompts: int | None = None
+    max_new_tokens: int | None = None
+    gamma: int = 4
+    temperature: float = 0.0
+    top_p: float | None = None
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "float32"
+    out: Path = Path("results")
+    control: bool = True
+    options: dict[str, Any] = field(default_factory=dict)   # method options (--gain, --osd-lr, ...)
+
+    def validate(self) -> None:
+        if (self.scenario is None) == (self.corpus is None):
+            raise BadInput("give exactly one of --scenario NAME or --corpus PATH")
+        if self.gamma < 1:
+            raise BadInput(f"--gamma must be at least 1 (got {self.gamma})")
+        if self.temperature < 0:
+            raise BadInput(f"--temperature must be >= 0 (got {self.temperature})")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise BadInput(f"--top-p must be in (0, 1] (got {self.top_p})")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise BadInput(f"--max-new-tokens must be at least 1 (got {self.max_new_tokens})")
+        if self.max_prompts is not None and self.max_prompts < 1:
+            raise BadInput(f"--max-prompts must be at least 1 (got {self.max_prompts})")
+        if self.split not in ("train", "dev", "test"):
+            raise BadInput(f"--split must be dev or test (got {self.split})")
+        if (self.draft is None) != (self.target is None):
+            raise BadInput("give both --draft and --target, or neither (then --zoo is used)")
+
+    @property
+    def device_name(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+
+@dataclass
+class Models:
+    pair: Pair
+    zoo_preset: str | None
+
+    def context(self, scenario: str, cfg: BenchConfig) -> MethodContext:
+        pair = self.pair
+
+        def resolve_offline(divergence: str) -> Path:
+            if self.zoo_preset is None:
+                raise BadInput("the offline method needs --offline-draft PATH when --draft/--target are given")
+            from drift_cli.zoo import ensure_offline_draft
+
+            return ensure_offline_draft(self.zoo_preset, scenario, divergence)
+
+        def load_draft(path: Path) -> torch.nn.Module:
+            p = checkpoint_dir(path, "offline draft")
+            check_same_tokenizer(load_tokenizer(p, "offline draft"), pair.tokenizer)
+            return load_model(p, pair.target.device if hasattr(pair.target, "device") else torch.device("cpu"),
+                              next(pair.draft.parameters()).dtype)
+
+        return MethodContext(
+            draft=pair.draft,
+            draft_path=Path(pair.draft_info.path),
+            draft_fingerprint=pair.draft_info.fingerprint,
+            eos_id=pair.eos_id,
+            vocab_size=pair.target.get_output_embeddings().weight.shape[0],
+            options=cfg.options,
+            scenario=scenario,
+            seed=cfg.seed,
+            resolve_offline=resolve_offline,
+            load_draft=load_draft,
+        )
+
+
+def load_models(cfg: BenchConfig, progress: Progress | None = None) -> Models:
+    if cfg.draft is not None:
+        return Models(load_pair(cfg.draft, cfg.target, cfg.device_name, cfg.dtype), None)
+    from drift_cli.zoo import ensure_zoo
+
+    zp = ensure_zoo(cfg.zoo, progress=progress)
+    return Models(load_pair(zp.draft, zp.target, cfg.device_name, cfg.dtype), cfg.zoo)
+
+
+def load_stream(cfg: BenchConfig, tokenizer, scenario: str | None = None) -> Stream:
+    from drift_cli import scenarios
+
+    if cfg.corpus is not None and scenario is None:
+        sc = scenarios.corpus_scenario(cfg.corpus)
+    else:
+        sc = scenarios.load_scenario(scenario or cfg.scenario)
+    stream = scenarios.build_stream(sc, cfg.split, tokenizer, max_prompts=cfg.max_prompts)
+    if cfg.max_new_tokens is not None:
+        stream.max_new_tokens = cfg.max_new_tokens
+    if not stream.prompts:
+        raise BadInput(f"scenario '{stream.scenario}' has no prompts in its {cfg.split} split")
+    return stream
+
+
+def decode_config(cfg: BenchConfig, stream: Stream, eos_id: int | None) -> DecodeConfig:
+    return DecodeConfig(cfg.gamma, stream.max_new_tokens, cfg.temperature, cfg.top_p, eos_id, cfg.seed)
+
+
+def warm_up(target: CausalLM, models: Models, stream: Stream, dcfg: DecodeConfig) -> None:
+    """One short untimed pass through both models so that allocator warm-up stays out of the stats."""
+    from drift_cli.engine.loop import generate
+    from drift_cli.engine.sampling import Sampler
+    from drift_cli.methods.vanilla import Vanilla
+
+    short = DecodeConfig(dcfg.gamma, min(8, dcfg.max_new_tokens), 0.0, None, dcfg.eos_id, dcfg.seed)
+    generate(target, Vanilla(models.pair.draft), stream.prompts[0].ids, short, Sampler())
+
+
+def run_methods(
+    names: list[str], models: Models, stream: Stream, cfg: BenchConfig, progress: Progress | None = None,
+    explicit: bool = True,
+) -> tuple[dict[str, StreamRun], dict[str, str]]:
+    """Run each method on the stream (ar first). Returns (runs, skipped: name -> reason)."""
+    target = CausalLM(models.pair.target, "target")
+    dcfg = decode_config(cfg, stream, models.pair.eos_id)
+    ctx = models.context(stream.scenario, cfg)
+    warm_up(target, models, stream, dcfg)
+    runs: dict[str, StreamRun] = {}
+    skipped: dict[str, str] = {}
+    for name in names:
+        try:
+            policy = METHODS[name].build(ctx)
+        except BadInput as e:
+            if explicit:
+                raise
+            skipped[name] = str(e)
+            continue
+        label = f"{stream.scenario}/{name}"
+        tick = (lambda done, total, label=label: progress(label, done, total)) if progress else None
+        runs[name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
+        if not runs[name].complete:
+            break
+    return runs, skipped
+
+
+def summarise(runs: dict[str, StreamRun], cfg: BenchConfig) -> dict[str, dict]:
+    ar = runs.get("ar")
+    return {name: {**metrics.method_metrics(run, cfg.gamma, ar, greedy=cfg.temperature == 0.0), "report": run.report}
+            for name, run in runs.items()}
+
+
+def comparisons(methods: dict[str, dict], control: dict[str, dict] | None) -> dict[str, Any]:
+    get = lambda m, k: methods.get(m, {}).get(k)  # noqa: E731
+    out = {
+        "gap_closed_alpha": metrics.gap_closed(get("drift", "acceptance_rate"), get("vanilla", "acceptance_rate"),
+                                               get("offline", "acceptance_rate")),
+        "gap_closed_speedup": metrics.gap_closed(get("drift", "speedup"), get("vanilla", "speedup"), get("offline", "speedup")),
+        "shift_penalty": None,
+    }
+    if control:
+        out["shift_penalty"] = metrics.shift_penalty(control.get("vanilla", {}).get("speedup"), get("vanilla", "speedup"))
+        out["control_acceptance_rate"] = control.get("vanilla", {}).get("acceptance_rate")
+    return out
+
+
+def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJson, list[dict]]:
+    """Everything `drift bench` does except printing and writing."""
+    cfg.validate()
+    names = resolve_methods(cfg.methods)
+    explicit = cfg.methods.strip() != "all"
+    if "ar" not in names:
+        names = ["ar"] + names   # every speedup is measured against ar on the same prompts
+    else:
+        names = ["ar"] + [n for n in names if n != "ar"]
+    models = load_models(cfg, progress)
+    stream = load_stream(cfg, models.pair.tokenizer)
+    runs, skipped = run_methods(names, models, stream, cfg, progress, explicit)
+    methods = summarise(runs, cfg)
+    complete = all(r.complete for r in runs.values()) and len(runs) + len(skipped) == len(names)
+
+    control_runs: dict[str, StreamRun] = {}
+    control = None
+    if cfg.control and complete and cfg.corpus is None and stream.scenario != CONTROL_SCENARIO:
+        cstream = load_stream(cfg, models.pair.tokenizer, CONTROL_SCENARIO)
+        control_runs, _ = run_methods(["ar", "vanilla"], models, cstream, cfg, progress)
+        control = summarise(control_runs, cfg)
+        complete = all(r.complete for r in control_runs.values())
+
+    run: RunJson = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": new_run_id("+".join(n for n in names if n != "ar") or "ar"),
+        "scenario": stream.scenario,
+        "split": cfg.split,
+        "complete": complete,
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()} | {
+            "methods_run": list(runs), "methods_skipped": skipped, "max_new_tokens": stream.max_new_tokens,
+            "prompts": len(stream.prompts), "zoo": models.zoo_preset},
+        "env": environment(),
+        "models": {"draft": models.pair.draft_info.to_json(), "target": models.pair.target_info.to_json()},
+        "seeds": {"decode": cfg.seed},
+        "stream": {"identity": stream.identity(), "prompts": len(stream.prompts), **stream.meta,
+                   **(methods["ar"]["stream"] if "ar" in methods else {})},
+        "methods": methods,
+        "control": control or {},
+        "comparisons": comparisons(methods, control),
+    }
+    steps = [{"scope": "main", "method": m, **s.to_json()} for m, r in runs.items() for s in r.steps]
+    steps += [{"scope": "control", "method": m, **s.to_json()} for m, r in control_runs.items() for s in r.steps]
+    return run, steps

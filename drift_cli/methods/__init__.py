@@ -1,0 +1,23 @@
+"""The method registry: `--methods all` means every method registered here, in this order."""
+
+from __future__ import annotations
+
+from drift_cli.methods.ar import Autoregressive
+from drift_cli.methods.base import DraftPolicy
+from drift_cli.methods.offline import Offline
+from drift_cli.methods.vanilla import Vanilla
+from drift_cli.registry import Registry
+
+METHODS: Registry[type[DraftPolicy]] = Registry("method")
+for _cls in (Autoregressive, Vanilla, Offline):
+    METHODS.register(_cls.name)(_cls)
+
+
+def resolve_methods(spec: str) -> list[str]:
+    """'all' or a comma-separated list -> validated method names (BadInput on unknown names)."""
+    if spec.strip() == "all":
+        return METHODS.names()
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    for n in names:
+        METHODS[n]
+    return names

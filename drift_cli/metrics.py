@@ -1,0 +1,255 @@
+"""Every metric formula, once. Names match DESIGN.md ("Metrics") and run.json.
+
+Inputs are step records (`drift_cli.engine.loop.StepRecord`) and generations; outputs are plain
+numbers and lists, ready for JSON. Functions return None where a metric does not apply
+(for example `acceptance_rate` of `ar`, which drafts nothing).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+ENTROPY_EDGES = (0.0, 0.5, 1.0, 2.0, 3.0, math.inf)  # nats, for acceptance_by_entropy
+ALPHA_WINDOW = 100   # verification steps per alpha_curve window
+ALPHA_STRIDE = 20
+NGRAM = 4
+
+
+def _sum(steps, field: str) -> float:
+    return float(sum(getattr(s, field) for s in steps))
+
+
+def acceptance_rate(steps) -> float | None:
+    """alpha = accepted draft tokens / drafted tokens (prefix-conditioned)."""
+    drafted = _sum(steps, "drafted")
+    return _sum(steps, "accepted") / drafted if drafted else None
+
+
+def acceptance_by_position(steps, gamma: int) -> list[float | None]:
+    """P(position i accepted | position i drafted) for i = 1..gamma."""
+    out = []
+    for i in range(gamma):
+        drafted = [s for s in steps if s.drafted > i]
+        out.append(sum(s.accepted > i for s in drafted) / len(drafted) if drafted else None)
+    return out
+
+
+def accept_length_histogram(steps, gamma: int) -> list[int]:
+    """Iterations (that drafted something) by number of accepted drafts, 0..gamma."""
+    hist = [0] * (gamma + 1)
+    for s in steps:
+        if s.drafted:
+            hist[min(s.accepted, gamma)] += 1
+    return hist
+
+
+def mean_accepted_length(steps) -> float | None:
+    """tau = 1 + accepted / iterations (counts the correction/bonus token, as vLLM and Spec-Bench)."""
+    return 1.0 + _sum(steps, "accepted") / len(steps) if steps else None
+
+
+def mean_accepted_drafts(steps) -> float | None:
+    return _sum(steps, "accepted") / len(steps) if steps else None
+
+
+def tokens_per_s(steps) -> float | None:
+    """Decode throughput: committed tokens / decode time (prefill excluded)."""
+    ms = _sum(steps, "total_ms")
+    return _sum(steps, "emitted") / ms * 1e3 if ms else None
+
+
+def step_ms_quantile(steps, q: float) -> float | None:
+    return float(np.quantile([s.total_ms for s in steps], q)) if steps else None
+
+
+def overhead_ms_per_step(steps) -> float | None:
+    """Adaptation time inside an iteration: the method's logit adjustment plus its update."""
+    return (_sum(steps, "adjust_ms") + _sum(steps, "adapt_ms")) / len(steps) if steps else None
+
+
+def overhead_pct(steps) -> float | None:
+    total = _sum(steps, "total_ms")
+    return 100.0 * (_sum(steps, "adjust_ms") + _sum(steps, "adapt_ms")) / total if total else None
+
+
+def harness_overhead_pct(steps) -> float | None:
+    """Share of iteration time outside both models' forward passes (the harness's own cost,
+    plus the method's adjustment and update)."""
+    total = _sum(steps, "total_ms")
+    fwd = _sum(steps, "forward_draft_ms") + _sum(steps, "forward_target_ms")
+    return 100.0 * (total - fwd) / total if total else None
+
+
+def cost_ratio(steps, ar_steps) -> float | None:
+    """c = draft time per drafted token / target time per autoregressive step."""
+    drafted = _sum(steps, "drafted")
+    if not drafted or not ar_steps:
+        return None
+    return (_sum(steps, "draft_ms") / drafted) / (_sum(ar_steps, "total_ms") / len(ar_steps))
+
+
+def predicted_speedup(alpha: float | None, gamma: int, c: float | None) -> float | None:
+    """The i.i.d. formula (Leviathan et al.): (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))."""
+    if alpha is None or c is None:
+        return None
+    expected = gamma + 1.0 if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return expected / (gamma * c + 1)
+
+
+def per_prompt_tokens_per_s(generations) -> list[float]:
+    return [len(g.output_ids) / g.decode_ms * 1e3 if g.decode_ms else 0.0 for g in generations]
+
+
+def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean."""
+    x = np.asarray(values, dtype=float)
+    if len(x) == 0:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def paired_speedup(generations, ar_generations) -> dict | None:
+    """Per-prompt paired ratio of decode throughput vs `ar` (same prompts); mean and bootstrap 95% CI."""
+    if not ar_generations or len(generations) != len(ar_generations):
+        return None
+    mine = per_prompt_tokens_per_s(generations)
+    base = per_prompt_tokens_per_s(ar_generations)
+    ratios = [m / b for m, b in zip(mine, base, strict=True) if b > 0]
+    lo, hi = bootstrap_ci(ratios)
+    return {"speedup": float(np.mean(ratios)), "speedup_ci95": [lo, hi], "speedup_per_prompt": ratios}
+
+
+def alpha_curve(steps, window: int = ALPHA_WINDOW, stride: int = ALPHA_STRIDE) -> list[tuple[int, float]]:
+    """Windowed alpha over verification steps: [(last step of the window, alpha in the window)]."""
+    acc = np.array([s.accepted for s in steps], dtype=float)
+    dr = np.array([s.drafted for s in steps], dtype=float)
+    if len(steps) == 0:
+        return []
+    window = min(window, len(steps))
+    out = []
+    for end in range(window, len(steps) + 1, stride):
+        d = dr[end - window:end].sum()
+        if d:
+            out.append((end, float(acc[end - window:end].sum() / d)))
+    return out
+
+
+def convergence_steps(curve: list[tuple[int, float]], tail: float = 0.25, frac: float = 0.95) -> int | None:
+    """Steps until the windowed alpha first reaches, and then stays within, 95% of its final
+    plateau (the mean of the last quarter of the curve)."""
+    if len(curve) < 4:
+        return None
+    values = [a for _, a in curve]
+    plateau = float(np.mean(values[int(len(values) * (1 - tail)):]))
+    threshold = frac * plateau
+    last_below = max((i for i, a in enumerate(values) if a < threshold), default=-1)
+    if last_below == len(values) - 1:
+        return None
+    return curve[last_below + 1][0]
+
+
+def acceptance_by_entropy(steps, edges=ENTROPY_EDGES) -> list[dict]:
+    """alpha bucketed by the target's entropy (nats) at each drafted position."""
+    buckets = [[0, 0] for _ in range(len(edges) - 1)]   # [accepted, drafted]
+    for s in steps:
+        for i, h in enumerate(s.target_entropy):
+            b = next(j for j in range(len(edges) - 1) if h < edges[j + 1])
+            buckets[b][1] += 1
+            buckets[b][0] += s.accepted > i
+    return [
+        {"entropy_lo": edges[j], "entropy_hi": edges[j + 1], "drafted": d, "acceptance_rate": a / d if d else None}
+        for j, (a, d) in enumerate(buckets)
+    ]
+
+
+def ar_match_rate(generations, ar_generations) -> float | None:
+    """Share of prompts whose output ids equal `ar`'s exactly (greedy losslessness)."""
+    if not ar_generations or len(generations) != len(ar_generations):
+        return None
+    same = [g.output_ids == a.output_ids for g, a in zip(generations, ar_generations, strict=True)]
+    return sum(same) / len(same)
+
+
+def stream_statistics(generations, n: int = NGRAM) -> dict:
+    """repeated_ngram_share: share of output tokens whose n-gram (ending at that token) already
+    occurred earlier in the prompt or anywhere earlier in the stream; distinct_4; output lengths."""
+    seen: set[tuple[int, ...]] = set()
+    repeated = total = 0
+    outputs_grams: list[tuple[int, ...]] = []
+    for g in generations:
+        seq = list(g.prompt_ids) + list(g.output_ids)
+        start = len(g.prompt_ids)
+        for j in range(n - 1, start):                 # the prompt's own n-grams
+            seen.add(tuple(seq[j - n + 1:j + 1]))
+        for j in range(start, len(seq)):
+            if j < n - 1:
+                continue
+            gram = tuple(seq[j - n + 1:j + 1])
+            total += 1
+            repeated += gram in seen
+            seen.add(gram)
+            outputs_grams.append(gram)
+    lengths = [len(g.output_ids) for g in generations]
+    return {
+        "repeated_ngram_share": repeated / total if total else None,
+        "distinct_4": len(set(outputs_grams)) / len(outputs_grams) if outputs_grams else None,
+        "output_tokens": sum(lengths),
+        "mean_output_length": float(np.mean(lengths)) if lengths else None,
+    }
+
+
+def shift_penalty(s_indist: float | None, s_shift: float | None) -> float | None:
+    """(S_indist - S_shift) / (S_indist - 1): the fraction of the in-distribution gain lost."""
+    if s_indist is None or s_shift is None or s_indist == 1.0:
+        return None
+    return (s_indist - s_shift) / (s_indist - 1.0)
+
+
+def gap_closed(x_drift: float | None, x_vanilla: float | None, x_offline: float | None) -> float | None:
+    """(x_drift - x_vanilla) / (x_offline - x_vanilla), for x = alpha or speedup."""
+    if None in (x_drift, x_vanilla, x_offline) or x_offline == x_vanilla:
+        return None
+    return (x_drift - x_vanilla) / (x_offline - x_vanilla)
+
+
+def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True) -> dict:
+    """All per-method metrics for one stream run (ar_run: the `ar` run on the same stream)."""
+    steps = run.steps
+    ar_steps = ar_run.steps if ar_run is not None else None
+    alpha = acceptance_rate(steps)
+    curve = alpha_curve(steps)
+    c = cost_ratio(steps, ar_steps)
+    out = {
+        "acceptance_rate": alpha,
+        "acceptance_by_position": acceptance_by_position(steps, gamma),
+        "accept_length_histogram": accept_length_histogram(steps, gamma),
+        "mean_accepted_length": mean_accepted_length(steps),
+        "mean_accepted_drafts": mean_accepted_drafts(steps),
+        "tokens_per_s": tokens_per_s(steps),
+        "prefill_ms_mean": float(np.mean([g.prefill_ms for g in run.generations])) if run.generations else None,
+        "iterations": len(steps),
+        "drafted_tokens": int(_sum(steps, "drafted")),
+        "accepted_tokens": int(_sum(steps, "accepted")),
+        "p50_step_ms": step_ms_quantile(steps, 0.5),
+        "p99_step_ms": step_ms_quantile(steps, 0.99),
+        "overhead_ms_per_step": overhead_ms_per_step(steps),
+        "overhead_pct": overhead_pct(steps),
+        "harness_overhead_pct": harness_overhead_pct(steps),
+        "cost_ratio": c,
+        "predicted_speedup": predicted_speedup(alpha, gamma, c) if run.method != "ar" else 1.0,
+        "alpha_curve": curve,
+        "convergence_steps": convergence_steps(curve),
+        "acceptance_by_entropy": acceptance_by_entropy(steps),
+        "ar_match_rate": ar_match_rate(run.generations, ar_run.generations) if (greedy and ar_run) else None,
+        "stream": stream_statistics(run.generations),
+        "complete": run.complete,
+    }
+    sp = paired_speedup(run.generations, ar_run.generations) if ar_run is not None else None
+    out.update(sp or {"speedup": None, "speedup_ci95": None, "speedup_per_prompt": None})
+    return out

@@ -1,0 +1,61 @@
+"""Rich tables for runs, fresh or re-read from `run.json` (`drift report RUN_DIR...`)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _f(x, fmt: str = "{:.3f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def _speedup(m: dict) -> str:
+    if m.get("speedup") is None:
+        return "–"
+    lo, hi = m["speedup_ci95"]
+    return f"{m['speedup']:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def method_table(title: str, methods: dict[str, dict]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col, just in [("method", "left"), ("α", "right"), ("τ", "right"), ("tok/s", "right"),
+                      ("speedup [95% CI]", "right"), ("predicted", "right"), ("overhead %", "right"),
+                      ("p50 / p99 ms", "right"), ("ar match", "right"), ("conv. steps", "right")]:
+        t.add_column(col, justify=just)
+    for name, m in methods.items():
+        t.add_row(
+            name,
+            _f(m.get("acceptance_rate")),
+            _f(m.get("mean_accepted_length"), "{:.2f}"),
+            _f(m.get("tokens_per_s"), "{:.1f}"),
+            _speedup(m),
+            _f(m.get("predicted_speedup"), "{:.2f}"),
+            _f(m.get("overhead_pct"), "{:.2f}"),
+            f"{_f(m.get('p50_step_ms'), '{:.1f}')} / {_f(m.get('p99_step_ms'), '{:.1f}')}",
+            _f(m.get("ar_match_rate"), "{:.2f}"),
+            _f(m.get("convergence_steps"), "{}"),
+        )
+    return t
+
+
+def render_run(run: dict, console: Console, path: str | None = None) -> None:
+    status = "" if run.get("complete", True) else " [bold red](INCOMPLETE)[/]"
+    head = f"[bold]{run['scenario']}[/] ({run['split']}), γ={run['config'].get('gamma')}, T={run['config'].get('temperature')}"
+    console.print(head + status + (f"  → {path}" if path else ""))
+    console.print(method_table("methods", run["methods"]))
+    if run.get("control"):
+        console.print(method_table("indist control", run["control"]))
+    s = run.get("stream", {})
+    console.print(
+        f"stream: {s.get('prompts')} prompts, {s.get('output_tokens')} output tokens, "
+        f"repeated 4-gram share {_f(s.get('repeated_ngram_share'))}, distinct-4 {_f(s.get('distinct_4'))}"
+    )
+    c = run.get("comparisons", {})
+    console.print(
+        f"gap closed (α) {_f(c.get('gap_closed_alpha'))}, gap closed (speedup) {_f(c.get('gap_closed_speedup'))}, "
+        f"shift penalty {_f(c.get('shift_penalty'))}"
+    )
+    skipped = run.get("config", {}).get("methods_skipped") or {}
+    for name, why in skipped.items():
+        console.print(f"[yellow]skipped {name}[/]: {why}")

@@ -1,0 +1,160 @@
+"""Run results on disk: `results/<scenario>/<run-id>/{run.json, steps.jsonl, *.png}`.
+
+Everything is written atomically: the run directory is assembled under a temporary name and
+renamed into place, and single files go through temp file + fsync + rename. An existing run is
+never touched, so an interrupted run cannot damage earlier results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, TypedDict
+
+SCHEMA_VERSION = 1
+
+
+class RunJson(TypedDict, total=False):
+    schema_version: int
+    run_id: str
+    scenario: str
+    split: str
+    complete: bool
+    created: str
+    config: dict[str, Any]
+    env: dict[str, Any]
+    models: dict[str, Any]
+    seeds: dict[str, int]
+    stream: dict[str, Any]
+    methods: dict[str, dict[str, Any]]
+    control: dict[str, dict[str, Any]]
+    comparisons: dict[str, Any]
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=_jsonable) + "\n").encode())
+
+
+def _jsonable(x):
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if isinstance(x, Path):
+        return str(x)
+    raise TypeError(f"not JSON serialisable: {type(x)}")
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for mod in ("drift_cli", "torch", "transformers", "tokenizers", "triton", "numpy", "safetensors"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - optional packages
+            out[mod] = "absent"
+    return out
+
+
+def git_revision() -> str:
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+        if rev.returncode:
+            return "unknown"
+        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def hardware() -> str:
+    import torch
+
+    cpu = f"{platform.machine()} {os.cpu_count()} cores"
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)}; {cpu}"
+    return f"cpu-only; {cpu}; torch threads {torch.get_num_threads()}"
+
+
+def environment() -> dict[str, Any]:
+    return {"versions": versions(), "git": git_revision(), "hardware": hardware(),
+            "platform": platform.platform(), "argv": sys.argv}
+
+
+def new_run_id(label: str) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{label}-{os.getpid() % 10000:04d}"
+
+
+def check_writable(out: Path) -> Path:
+    """Fail early (BadInput) when the output directory cannot be created or written."""
+    from drift_cli.errors import BadInput
+
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=out, prefix=".probe.", delete=True)
+        probe.close()
+    except OSError as e:
+        raise BadInput(f"output directory {out} is not writable: {e.strerror or e}") from e
+    return out
+
+
+def write_run(out_root: Path, run: RunJson, steps: Iterable[dict], plots: bool = True) -> Path:
+    """Write one run directory atomically; returns its final path."""
+    final = Path(out_root) / run["scenario"] / run["run_id"]
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{run['run_id']}.", suffix=".tmp"))
+    try:
+        (tmp / "run.json").write_text(json.dumps(run, indent=2, default=_jsonable) + "\n")
+        with open(tmp / "steps.jsonl", "w") as fh:
+            for rec in steps:
+                fh.write(json.dumps(rec, default=_jsonable) + "\n")
+        if plots:
+            from drift_cli.plots import plot_run
+
+            plot_run(run, tmp)
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def load_run(run_dir: Path) -> RunJson:
+    from drift_cli.errors import BadInput
+
+    path = Path(run_dir) / "run.json" if Path(run_dir).is_dir() else Path(run_dir)
+    if not path.is_file():
+        raise BadInput(f"no run.json at {run_dir}")
+    try:
+        run = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{path} is not valid JSON: {e}") from e
+    if run.get("schema_version") != SCHEMA_VERSION:
+        raise BadInput(f"{path}: schema_version {run.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    return run

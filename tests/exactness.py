@@ -1,0 +1,91 @@
+"""The engine's statistical losslessness test, reusable by every method's tests.
+
+Speculative sampling must leave the target's output distribution unchanged. We draw many
+independent generations of the first `n_tokens` tokens after a fixed prompt and compare the
+empirical joint distribution with the exact one computed from the target, with a chi-square
+goodness-of-fit test. Categories with small expected counts are pooled (expected >= 5 each).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+import torch
+from scipy.stats import chisquare
+
+from drift_cli.engine.lm import CausalLM
+from drift_cli.engine.loop import DecodeConfig, generate
+from drift_cli.engine.sampling import Sampler
+from drift_cli.methods.base import DraftPolicy
+
+SIGNIFICANCE = 1e-3  # a correct engine fails this test with probability 0.001
+
+
+@torch.inference_mode()
+def exact_joint(target: torch.nn.Module, prompt: list[int], n_tokens: int, sampler: Sampler) -> dict[tuple[int, ...], float]:
+    """P(first n_tokens = t) under the target with the sampler's temperature / top-p."""
+    probs: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(n_tokens):
+        nxt = {}
+        for prefix, pr in probs.items():
+            ids = torch.tensor([prompt + list(prefix)])
+            z = target(ids).logits[0, -1].float()
+            p = sampler.probs(sampler.sampling_logits(z))
+            for t, pt in enumerate(p.tolist()):
+                if pt > 0:
+                    nxt[prefix + (t,)] = pr * pt
+        probs = nxt
+    return probs
+
+
+def sample_first_tokens(
+    target: torch.nn.Module,
+    make_policy: Callable[[], DraftPolicy],
+    prompt: list[int],
+    n_tokens: int,
+    samples: int,
+    temperature: float = 1.0,
+    top_p: float | None = None,
+    gamma: int = 3,
+    seed: int = 0,
+) -> dict[tuple[int, ...], int]:
+    lm = CausalLM(target, "target")
+    policy = make_policy()
+    policy.begin_stream()
+    sampler = Sampler(temperature, top_p, torch.Generator().manual_seed(seed))
+    cfg = DecodeConfig(gamma=gamma, max_new_tokens=n_tokens + gamma, temperature=temperature, top_p=top_p)
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(samples):
+        out = tuple(generate(lm, policy, prompt, cfg, sampler).output_ids[:n_tokens])
+        counts[out] = counts.get(out, 0) + 1
+    return counts
+
+
+def chi_square_p_value(counts: dict[tuple[int, ...], int], exact: dict[tuple[int, ...], float]) -> float:
+    n = sum(counts.values())
+    assert set(counts) <= set(exact), "sampled a sequence the target gives probability 0"
+    cats = sorted(exact, key=lambda c: -exact[c])
+    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
+    for c in cats:
+        e = exact[c] * n
+        if e >= 5:
+            obs.append(counts.get(c, 0))
+            exp.append(e)
+        else:
+            pool_o += counts.get(c, 0)
+            pool_e += e
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    scale = sum(obs) / sum(exp)  # guard float drift
+    return float(chisquare(obs, [e * scale for e in exp]).pvalue)
+
+
+def sampling_p_value(target, make_policy, prompt, n_tokens=2, samples=3000, **kw) -> float:
+    sampler = Sampler(kw.get("temperature", 1.0), kw.get("top_p"))
+    exact = exact_joint(target, prompt, n_tokens, sampler)
+    return chi_square_p_value(sample_first_tokens(target, make_policy, prompt, n_tokens, samples, **kw), exact)
+
+
+__all__ = ["SIGNIFICANCE", "sampling_p_value", "exact_joint", "chi_square_p_value", "itertools"]
