@@ -1,0 +1,111 @@
+"""Type stub for `drift_cli._bank`, the Rust (PyO3) books of a DRIFT bank.
+
+The books track which of the bank's N slots hold a prototype, which tenant owns each, the
+least-recently-used order and hit / allocation / eviction counters. The arrays themselves
+(keys, support ids, bias values, counts) live in torch tensors on the device; the books only
+say which slot to write. Every operation is O(1), `touch` O(batch).
+
+Tenants: with `quotas=None` tenants are created on first use and share the whole capacity
+(one global LRU). A tenant with a quota reserves that many slots, never holds more, and evicts
+only its own slots. Tenants without a quota share the rest (the pool, capacity - sum of quotas)
+and evict the pool's least recently used slot. Free slots are a stack: a fresh bank hands out
+0, 1, 2, ...; a released slot is reused first.
+"""
+
+import os
+from collections.abc import Sequence
+
+import numpy
+import numpy.typing as npt
+
+SNAPSHOT_FORMAT_VERSION: int
+
+class BankError(Exception):
+    """Base of every error the bank raises."""
+
+class TenantError(BankError):
+    """A tenant added twice, or an empty tenant name."""
+
+class UnknownTenant(TenantError):
+    """A tenant the books do not know (books built with quotas never create tenants)."""
+
+class SlotError(BankError):
+    """A slot index out of range, or a free slot where a used one is needed (touch, release)."""
+
+class QuotaError(BankError):
+    """Quotas exceeding the capacity, allocating with a zero quota or pool, a bad capacity."""
+
+class SnapshotError(BankError):
+    """Base of snapshot problems; raised itself by `save_snapshot` for unsavable input."""
+
+class SnapshotCorrupt(SnapshotError):
+    """Truncated, failing its checksum, or disagreeing with its own metadata."""
+
+class SnapshotVersionError(SnapshotError):
+    """Written in a format version this build does not read."""
+
+class SnapshotDraftMismatch(SnapshotError):
+    """Made for a draft model other than `expect_draft`."""
+
+class Books:
+    def __init__(self, capacity: int, quotas: dict[str, int | None] | None = None) -> None:
+        """`capacity` slots (>= 1). `quotas`: None to create tenants on first use, sharing
+        the capacity; else the tenants declared up front (a None quota joins the pool), and
+        unknown tenant names raise UnknownTenant. QuotaError if the quotas exceed capacity."""
+    @property
+    def capacity(self) -> int: ...
+    def add_tenant(self, name: str, quota: int | None = None) -> None:
+        """TenantError if it exists or the name is empty; QuotaError if the quota exceeds the
+        slots not yet reserved and not held by pool tenants."""
+    def allocate(self, tenant: str = "default") -> tuple[int, bool]:
+        """(slot, evicted): a free slot, or the least recently used slot the tenant may evict
+        (its own with a quota, else the pool's). The slot becomes the tenant's most recent."""
+    def touch(self, slots: Sequence[int] | npt.NDArray[numpy.int32] | npt.NDArray[numpy.int64]) -> None:
+        """Mark used slots as used, in order (the last is the most recent); one hit per entry.
+        SlotError (and no change at all) if any entry is out of range or free."""
+    def release(self, slot: int) -> None:
+        """Free a used slot (SlotError if free or out of range); it is the next one handed out."""
+    def recency(self, tenant: str | None = None) -> list[int]:
+        """Used slots, least recently used first: all of them, or one tenant's."""
+    def is_valid(self, slot: int) -> bool:
+        """Whether the slot is used. SlotError if out of range."""
+    def valid_slots(self, tenant: str | None = None) -> list[int]:
+        """Used slots in ascending order: all of them, or one tenant's."""
+    def owner(self, slot: int) -> str | None:
+        """The owning tenant, None for a free slot. SlotError if out of range."""
+    def tenants(self) -> dict[str, int | None]:
+        """Tenant name -> quota (None: pool tenant), in creation order."""
+    def stats(self, tenant: str | None = None) -> dict[str, int]:
+        """hits, allocations, evictions, used, capacity. For a tenant: evictions counts its
+        slots lost to eviction, capacity is its quota (pool tenants: the pool's size)."""
+    def __len__(self) -> int:
+        """Used slots."""
+    # Pickling (and copy.deepcopy) go through the snapshot's books encoding.
+    def __getnewargs__(self) -> tuple[int]: ...
+    def __getstate__(self) -> tuple[int, bytes]: ...
+    def __setstate__(self, state: tuple[int, bytes]) -> None: ...
+
+def save_snapshot(
+    path: str | bytes | os.PathLike[str],
+    books: Books,
+    arrays: dict[str, npt.NDArray[numpy.generic]],
+    meta: dict[str, str],
+) -> None:
+    """Write one safetensors file atomically (temp file, fsync, rename).
+
+    arrays: exactly `keys` [N, d] float32|float16, `support` [N, m] int32|int64,
+    `bias` [N, m] float32, `counts` [N] int32|int64, with N == books.capacity.
+    meta: must hold `draft_fingerprint` and `config` (a JSON document); keys starting with
+    `drift_bank.` are reserved. SnapshotError for input that cannot be saved, OSError for I/O.
+    """
+
+def load_snapshot(
+    path: str | bytes | os.PathLike[str], expect_draft: str | None = None
+) -> tuple[Books, dict[str, npt.NDArray[numpy.generic]], dict[str, str]]:
+    """(books, arrays, meta) after checking everything; SnapshotCorrupt, SnapshotVersionError
+    or SnapshotDraftMismatch otherwise (FileNotFoundError / OSError for I/O)."""
+
+def read_snapshot_summary(path: str | bytes | os.PathLike[str]) -> dict[str, object]:
+    """A checked snapshot's summary: format_version, file_bytes, header_bytes, array_bytes,
+    N, d, m, dtypes, used, stats, tenants (name -> stats + quota), draft_fingerprint,
+    config (parsed), meta (other caller keys), checksum."""

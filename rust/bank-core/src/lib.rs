@@ -1,0 +1,15 @@
+//! drift-bank-core: the host-side books of a DRIFT bank, with no Python types.
+//!
+//! - [`Books`]: slots, per-tenant / pool / global LRU lists, free stack, counters.
+//! - [`state`]: the books as JSON, the one serialisation path for snapshots and pickling.
+//! - [`snapshot`]: safetensors snapshot files with the bank's arrays, checked on load.
+
+pub mod books;
+pub mod error;
+mod lru;
+pub mod snapshot;
+pub mod state;
+
+pub use books::{Allocation, Books, Counters, Stats, MAX_CAPACITY};
+pub use error::{BankError, Result};
+pub use snapshot::{ArrayRef, ElementType, Layout, LoadedArray, Snapshot, FORMAT_VERSION};
