@@ -1,0 +1,275 @@
+"""Extraction, splitting, caching and manifests.
+
+Two cache layers under `<cache dir>/scenarios/`, both keyed by sha256 of a recipe and the
+source bytes, so a changed recipe or changed data rebuilds only what it affects:
+
+  sources/<source key>.jsonl            one source's cleaned documents
+  splits/<scenario>/<scenario key>/     {train,dev,test}.jsonl + manifest-{split}.json
+
+source key   = sha256(extractor version, the source spec, document limits, [(file, sha256)])
+scenario key = sha256(scenario recipe, source keys)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from drift_cli.scenarios.cleaning import content_sha256, normalise_text, normalised_sha256, truncate_at_line
+from drift_cli.scenarios.document import Document
+from drift_cli.scenarios.extractors import EXTRACTORS, list_files, missing_source
+from drift_cli.scenarios.schema import SPLITS, Scenario, SourceSpec, SplitRule
+
+# Bump when extractor or cleaning code changes what the same bytes produce.
+EXTRACTION_VERSION = 1
+
+
+def cache_root() -> Path:
+    base = os.environ.get("DRIFT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "drift-bench")
+    return Path(base) / "scenarios"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Temp file in the same directory + fsync + os.replace: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _json_key(obj) -> str:
+    return _sha256_hex(json.dumps(obj, sort_keys=True, default=str).encode())
+
+
+# ---- source files ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FileRecord:
+    path: str
+    bytes: int
+    sha256: str
+
+
+_HASH_MEMO: dict[tuple[str, int, int], str] = {}
+
+
+def file_record(path: Path) -> FileRecord:
+    """sha256 of the file's bytes, memoised per (path, size, mtime) within the process."""
+    st = path.stat()
+    memo = (path.as_posix(), st.st_size, st.st_mtime_ns)
+    digest = _HASH_MEMO.get(memo)
+    if digest is None:
+        digest = _sha256_hex(path.read_bytes())
+        _HASH_MEMO[memo] = digest
+    return FileRecord(path.as_posix(), st.st_size, digest)
+
+
+# ---- one source --------------------------------------------------------------------------------
+
+@dataclass
+class SourceBuild:
+    spec: SourceSpec
+    key: str
+    files: list[FileRecord]
+    documents: list[Document]
+    built: bool                    # False when read from the cache
+
+
+def source_key(scenario: Scenario, spec: SourceSpec, files: list[FileRecord]) -> str:
+    return _json_key({
+        "extraction_version": EXTRACTION_VERSION,
+        "spec": asdict(spec),
+        "min_doc_chars": scenario.min_doc_chars,
+        "max_doc_chars": scenario.max_doc_chars,
+        "salt": scenario.split.salt,
+        "cutoff": scenario.split.cutoff,
+        "files": [(f.path, f.sha256) for f in files],
+    })
+
+
+def _hash_order(salt: str, doc_id: str) -> int:
+    """A salted sha256 of the id as an integer: the deterministic 'shuffle' used everywhere."""
+    return int.from_bytes(hashlib.sha256(f"{salt}\x00{doc_id}".encode()).digest()[:8], "big")
+
+
+def _within_budget(docs: list[Document], max_bytes: int, salt: str) -> list[Document]:
+    """The documents kept under a byte budget: taken in hash order, so the subset is a stable
+    pseudo-random sample that does not depend on file order."""
+    if not max_bytes:
+        return docs
+    kept, total = [], 0
+    for d in sorted(docs, key=lambda d: _hash_order(salt + "/budget", d.id)):
+        size = len(d.text.encode())
+        if total + size > max_bytes:
+            continue
+        kept.append(d)
+        total += size
+    return sorted(kept, key=lambda d: d.id)
+
+
+def extract_documents(scenario: Scenario, spec: SourceSpec, files: list[Path]) -> list[Document]:
+    if scenario.split.cutoff:   # dated extractors keep documents on one side of the cutoff
+        spec = replace(spec, options=tuple(sorted({**dict(spec.options), "cutoff": scenario.split.cutoff}.items())))
+    docs: list[Document] = []
+    seen: dict[str, int] = {}
+    for raw in EXTRACTORS[spec.extractor](spec, files):
+        text = truncate_at_line(normalise_text(raw.text), scenario.max_doc_chars)
+        if len(text) < scenario.min_doc_chars:
+            continue
+        domain = raw.domain or spec.domain
+        doc_id = f"{domain}:{raw.locator}"
+        seen[doc_id] = seen.get(doc_id, 0) + 1
+        if seen[doc_id] > 1:
+            doc_id = f"{doc_id}~{seen[doc_id]}"
+        docs.append(Document(doc_id, text, domain, raw.file, raw.date))
+    docs.sort(key=lambda d: d.id)
+    return _within_budget(docs, spec.max_bytes, scenario.split.salt)
+
+
+def _read_jsonl(path: Path) -> list[Document]:
+    with open(path, encoding="utf-8") as fh:
+        return [Document.from_json(json.loads(line)) for line in fh if line.strip()]
+
+
+def _jsonl_bytes(docs: list[Document]) -> bytes:
+    return "".join(json.dumps(d.to_json(), ensure_ascii=False, sort_keys=True) + "\n" for d in docs).encode()
+
+
+def build_source(scenario: Scenario, spec: SourceSpec, force: bool = False) -> SourceBuild:
+    paths = list_files(spec)
+    if not paths:
+        raise missing_source(scenario.name, spec)
+    files = [file_record(p) for p in paths]
+    key = source_key(scenario, spec, files)
+    cached = cache_root() / "sources" / f"{key}.jsonl"
+    if cached.exists() and not force:
+        return SourceBuild(spec, key, files, _read_jsonl(cached), built=False)
+    docs = extract_documents(scenario, spec, paths)
+    write_atomic(cached, _jsonl_bytes(docs))
+    return SourceBuild(spec, key, files, docs, built=True)
+
+
+# ---- splitting ----------------------------------------------------------------------------------
+
+def assign_split(doc: Document, rule: SplitRule) -> str:
+    """train/dev/test from a salted hash of the document id; with a cutoff, documents dated
+    before it are history and always train."""
+    if rule.cutoff and doc.date and doc.date < rule.cutoff:
+        return "train"
+    u = _hash_order(rule.salt, doc.id) / 2.0**64
+    if u < rule.train:
+        return "train"
+    return "dev" if u < rule.train + rule.dev else "test"
+
+
+def deduplicate(docs: list[Document]) -> list[Document]:
+    """Drop documents whose whitespace-normalised text equals an earlier one's (by id order):
+    identical copyright files and changelogs shipped by several binary packages, for example."""
+    seen: set[str] = set()
+    out = []
+    for d in sorted(docs, key=lambda d: d.id):
+        h = normalised_sha256(d.text)
+        if h not in seen:
+            seen.add(h)
+            out.append(d)
+    return out
+
+
+def split_documents(docs: list[Document], rule: SplitRule) -> dict[str, list[Document]]:
+    out: dict[str, list[Document]] = {s: [] for s in SPLITS}
+    for d in deduplicate(docs):
+        out[assign_split(d, rule)].append(d)
+    return out
+
+
+# ---- manifests ---------------------------------------------------------------------------------
+
+def split_manifest(scenario: Scenario, key: str, split: str, docs: list[Document],
+                   sources: list[SourceBuild], payload: bytes) -> dict:
+    """Per split: which files contributed, their licence, bytes, sha256 and document counts."""
+    by_file: dict[str, int] = {}
+    for d in docs:
+        by_file[d.source] = by_file.get(d.source, 0) + 1
+    entries = []
+    for sb in sources:
+        files = [{"path": f.path, "bytes": f.bytes, "sha256": f.sha256, "documents": by_file[f.path]}
+                 for f in sb.files if f.path in by_file]
+        entries.append({"id": sb.spec.id, "package": sb.spec.package, "licence": sb.spec.licence,
+                        "extractor": sb.spec.extractor, "root": sb.spec.root, "source_key": sb.key,
+                        "documents": sum(f["documents"] for f in files), "files": files})
+    return {
+        "scenario": scenario.name, "version": scenario.version, "split": split,
+        "scenario_key": key, "recipe_sha256": scenario.recipe_sha256(),
+        "documents": len(docs), "text_bytes": sum(len(d.text.encode()) for d in docs),
+        "sha256": _sha256_hex(payload), "sources": entries,
+    }
+
+
+# ---- one scenario ------------------------------------------------------------------------------
+
+@dataclass
+class ScenarioBuild:
+    scenario: Scenario
+    key: str
+    splits: dict[str, list[Document]]
+    manifests: dict[str, dict]
+    built: bool                                 # the split files were (re)written
+    sources_built: list[str] = field(default_factory=list)   # source ids extracted afresh
+    directory: Path | None = None
+
+
+_LOADED: dict[str, ScenarioBuild] = {}
+
+
+def build_scenario(scenario: Scenario, force: bool = False) -> ScenarioBuild:
+    """Extract (or read from the cache) every source, split, and write splits + manifests."""
+    sources = [build_source(scenario, spec, force) for spec in scenario.sources]
+    key = _json_key({"recipe": scenario.recipe(), "sources": [s.key for s in sources]})
+    directory = cache_root() / "splits" / scenario.name / key
+    fresh = [s.spec.id for s in sources if s.built]
+    if not force and key in _LOADED:
+        return _LOADED[key]
+    names = [f"{s}.jsonl" for s in SPLITS] + [f"manifest-{s}.json" for s in SPLITS]
+    if not force and all((directory / n).exists() for n in names):
+        splits = {s: _read_jsonl(directory / f"{s}.jsonl") for s in SPLITS}
+        manifests = {s: json.loads((directory / f"manifest-{s}.json").read_text()) for s in SPLITS}
+        result = ScenarioBuild(scenario, key, splits, manifests, False, fresh, directory)
+    else:
+        splits = split_documents([d for s in sources for d in s.documents], scenario.split)
+        manifests = {}
+        for split, docs in splits.items():
+            payload = _jsonl_bytes(docs)
+            write_atomic(directory / f"{split}.jsonl", payload)
+            manifests[split] = split_manifest(scenario, key, split, docs, sources, payload)
+        for split, manifest in manifests.items():   # manifests last: they mark a complete build
+            write_atomic(directory / f"manifest-{split}.json",
+                         (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+        result = ScenarioBuild(scenario, key, splits, manifests, True, fresh, directory)
+    _LOADED[key] = result
+    return result
+
+
+def forget_loaded() -> None:
+    """Drop the in-process cache of loaded splits (tests; long-running processes)."""
+    _LOADED.clear()
+    _HASH_MEMO.clear()
+
+
+def text_fingerprint(docs: list[Document]) -> str:
+    return content_sha256("\n".join(d.id + "\x00" + d.text for d in docs))
