@@ -35,6 +35,8 @@ class RawDoc:
 
 Extractor = Callable[[SourceSpec, list[Path]], Iterator[RawDoc]]
 EXTRACTORS: dict[str, Extractor] = {}
+# extractor name -> (spec, root, sorted files) -> the files it reads (hashed into cache keys)
+FILE_FILTERS: dict[str, Callable[[SourceSpec, Path, list[Path]], list[Path]]] = {}
 
 
 def extractor(name: str):
@@ -62,7 +64,9 @@ def list_files(spec: SourceSpec) -> list[Path]:
         rel = p.relative_to(root).as_posix()
         if not any(fnmatch.fnmatchcase(rel, pat) for pat in spec.exclude):
             keep.append(p)
-    return sorted(keep, key=lambda p: p.as_posix())
+    keep.sort(key=lambda p: p.as_posix())
+    select = FILE_FILTERS.get(spec.extractor)
+    return select(spec, root, keep) if select else keep
 
 
 def missing_source(scenario: str, spec: SourceSpec) -> BadInput:
@@ -285,23 +289,30 @@ def _man_language(rel: str) -> str:
     return "en" if first.startswith("man") else first
 
 
+def _translated_pages_only(spec: SourceSpec, root: Path, files: list[Path]) -> list[Path]:
+    """options.english = "translated_only": keep an English page only when a translation of
+    the same page is among the files (so the languages cover the same commands)."""
+    if spec.option("english") != "translated_only":
+        return files
+    langs = {p: _man_language(p.relative_to(root).as_posix()) for p in files}
+    translated = {p.name for p, lang in langs.items() if lang != "en"}
+    return [p for p in files if langs[p] != "en" or p.name in translated]
+
+
 @extractor("manpages")
 def manpages(spec: SourceSpec, files: list[Path]) -> Iterator[RawDoc]:
     """Manual pages (troff -> text). Domain = '<source domain>.<language>' ('en' for the
-    untranslated tree). options.english = "translated_only" keeps an English page only when a
-    translation of the same page is present."""
+    untranslated tree)."""
     root = Path(spec.root)
-    rels = {p: p.relative_to(root).as_posix() for p in files}
-    translated = {p.name for p, rel in rels.items() if _man_language(rel) != "en"}
-    only_translated = spec.option("english") == "translated_only"
     for path in files:
-        lang = _man_language(rels[path])
-        if lang == "en" and only_translated and path.name not in translated:
-            continue
+        lang = _man_language(path.relative_to(root).as_posix())
         src = read_text(path)
         if src is None or src.lstrip().startswith(".so "):
             continue   # binary, or a redirect to another page
         yield RawDoc(path.as_posix(), troff_to_text(src), path.as_posix(), None, f"{spec.domain}.{lang}")
+
+
+FILE_FILTERS["manpages"] = _translated_pages_only
 
 
 @extractor("jsonl")
