@@ -1,0 +1,178 @@
+"""One DRIFT bank: the prototype tensors on the draft's device, the books in Rust.
+
+State (N = bank_size, d = draft hidden size, m = support width, V = vocabulary):
+    keys    [N, d]  unit rows, the draft's dtype (fp32 on the CPU, fp16/bf16 on a GPU)
+    support [N, m]  int64 token ids (unique per row); None when m = 0 (full vocabulary)
+    bias    [N, m]  fp32 logit biases on the support ([N, V] when m = 0)
+    counts  [N]     int64 update counts n_i
+    valid   [N]     bool, the device mirror of the books' validity
+Slots, LRU order, tenants and the hit/allocation/eviction counters live in
+`drift_cli._bank.Books`; this class batches its calls to one `touch` per iteration plus one
+`allocate` per new prototype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import drift_kernels
+from drift_cli.drift.config import DriftConfig
+from drift_kernels import Neighbours, reference
+
+USED_WEIGHT = 1e-3  # a retrieved prototype counts as used when its kernel weight exceeds this
+
+
+def new_books(capacity: int):
+    from drift_cli import _bank  # the Rust extension (maturin); imported when a bank is built
+    return _bank.Books(capacity)
+
+
+@dataclass
+class ObserveStats:
+    updated: int = 0
+    allocated: int = 0
+    evicted: int = 0
+    refreshed: int = 0     # support entries replaced by the target's top token
+
+
+class DriftBank:
+    def __init__(self, cfg: DriftConfig, dim: int, vocab: int, device: torch.device | str = "cpu",
+                 key_dtype: torch.dtype = torch.float32, tenant: str = "default", books=None,
+                 backend: str = "auto") -> None:
+        self.cfg, self.dim, self.vocab, self.tenant, self.backend = cfg, dim, vocab, tenant, backend
+        n, m = cfg.bank_size, cfg.support
+        self.books = books if books is not None else new_books(n)
+        self.keys = torch.zeros(n, dim, dtype=key_dtype, device=device)
+        self.support = torch.zeros(n, m, dtype=torch.int64, device=device) if m else None
+        self.bias = torch.zeros(n, m or vocab, dtype=torch.float32, device=device)
+        self.counts = torch.zeros(n, dtype=torch.int64, device=device)
+        self.valid = torch.zeros(n, dtype=torch.bool, device=device)
+        self.n_valid = 0          # host-side count, so an empty bank costs no device work
+        self.totals = ObserveStats()
+
+    # -- draft step ---------------------------------------------------------------------------
+
+    def retrieve(self, h: torch.Tensor) -> Neighbours:
+        """h [Q, d] -> the k nearest prototypes [Q, k]."""
+        return drift_kernels.retrieve(h, self.keys, self.valid, self.cfg.neighbors, self.cfg.sigma,
+                                      backend=self.backend)
+
+    def adjust(self, z: torch.Tensor, nb: Neighbours) -> torch.Tensor:
+        """z [Q, V] sampling-space logits -> z + λβ."""
+        return drift_kernels.bias_add(z, nb, self.support, self.bias, self.cfg.gain, backend=self.backend)
+
+    # -- update after verification --------------------------------------------------------------
+
+    def observe(self, h: torch.Tensor, nb: Neighbours, logp: torch.Tensor, logq: torch.Tensor) -> ObserveStats:
+        """One iteration's update, drafted positions in order.
+
+        h [P, d] draft hidden states; nb the draft step's retrieval ([P, k]); logp, logq [P, V]
+        the target's and the draft's unbiased log-probabilities at those positions.
+        """
+        stats = ObserveStats()
+        if h.shape[0] == 0:
+            return stats
+        idx, sim, w = (t.tolist() for t in (nb.idx[:, 0], nb.sim[:, 0], nb.weight))  # one host read
+        near = nb.idx.tolist()
+        matched = [p for p in range(len(idx)) if idx[p] >= 0 and sim[p] >= self.cfg.tau]
+        fresh = [p for p in range(len(idx)) if p not in set(matched)]
+        used = [s for p in range(len(idx)) for s, wt in zip(near[p], w[p]) if s >= 0 and wt > USED_WEIGHT]
+        used += [idx[p] for p in matched]
+        if used:
+            self.books.touch([used[i] for i in last_occurrence(used)])   # one hit per slot per iteration
+        for rnd in occurrence_rounds([idx[p] for p in matched]):
+            pos = [matched[i] for i in rnd]
+            stats.refreshed += self._update(pos, [idx[p] for p in pos], h, logp, logq)
+            stats.updated += len(pos)
+        if fresh:
+            stats.evicted += self._allocate(fresh, h, logp, logq)
+            stats.allocated += len(fresh)
+        for name in vars(stats):
+            setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
+        return stats
+
+    def _update(self, pos: list[int], slots: list[int], h, logp, logq) -> int:
+        """EMA update of distinct slots (one occurrence round). Returns the number of refreshes."""
+        dev = self.keys.device
+        p_idx = torch.tensor(pos, device=dev)
+        s_idx = torch.tensor(slots, device=dev)
+        lp, lq = logp[p_idx], logq[p_idx]                                      # [R, V]
+        refreshed = 0
+        if self.support is None:
+            residual = (lp - lq).clamp(-reference.RESIDUAL_CLIP, reference.RESIDUAL_CLIP)
+        else:
+            sup, bias = self.support[s_idx], self.bias[s_idx]                  # [R, m]
+            top = lp.argmax(dim=1, keepdim=True)                               # [R, 1] target's top token
+            missing = ~(sup == top).any(dim=1, keepdim=True)                   # [R, 1]
+            weakest = bias.abs().argmin(dim=1, keepdim=True)                   # [R, 1] smallest |B|
+            sup = torch.where(missing, sup.scatter(1, weakest, top), sup)
+            bias = torch.where(missing, bias.scatter(1, weakest, torch.zeros_like(top, dtype=bias.dtype)), bias)
+            self.support[s_idx], self.bias[s_idx] = sup, bias
+            refreshed = int(missing.sum())
+            residual = reference.support_residual(lp, lq, sup)
+        drift_kernels.update(self.keys, self.bias, self.counts, s_idx, residual, h[p_idx],
+                             self.cfg.eta, self.cfg.adaptive_rate, backend=self.backend)
+        return refreshed
+
+    def _allocate(self, pos: list[int], h, logp, logq) -> int:
+        """New prototypes for positions with no prototype within τ. Returns the evictions."""
+        slots, evicted = [], 0
+        for _ in pos:
+            slot, ev = self.books.allocate(self.tenant)
+            slots.append(int(slot))
+            evicted += int(ev)
+        keep = last_occurrence(slots)                       # a tiny bank may hand out a slot twice
+        pos, slots = [pos[i] for i in keep], [slots[i] for i in keep]
+        dev = self.keys.device
+        p_idx, s_idx = torch.tensor(pos, device=dev), torch.tensor(slots, device=dev)
+        lp, lq = logp[p_idx], logq[p_idx]
+        self.keys[s_idx] = reference.unit_rows(h[p_idx]).to(self.keys.dtype)
+        if self.support is None:
+            self.bias[s_idx] = (lp - lq).clamp(-reference.RESIDUAL_CLIP, reference.RESIDUAL_CLIP)
+        else:
+            sup = torch.maximum(lp, lq).topk(self.cfg.support, dim=1).indices          # [A, m] by max(p, q)
+            self.support[s_idx] = sup
+            self.bias[s_idx] = reference.support_residual(lp, lq, sup)
+        self.counts[s_idx] = 1
+        newly = int((~self.valid[s_idx]).sum())
+        self.valid[s_idx] = True
+        self.n_valid += newly
+        return evicted
+
+    # -- figures -----------------------------------------------------------------------------
+
+    def memory_bytes(self) -> int:
+        """Exact bytes of the prototype state: N·(d·bytes_key + m·(bytes_id + bytes_val)) + O(N)."""
+        tensors = [self.keys, self.bias, self.counts, self.valid] + ([self.support] if self.support is not None else [])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def stats(self) -> dict:
+        out = {k: int(v) for k, v in self.books.stats(self.tenant).items()} if self.n_valid else {}
+        out.update({"valid": self.n_valid, "updates": self.totals.updated, "allocations_seen": self.totals.allocated,
+                    "support_refreshes": self.totals.refreshed, "memory_bytes": self.memory_bytes()})
+        return out
+
+
+def occurrence_rounds(slots: list[int]) -> list[list[int]]:
+    """Split positions into rounds of distinct slots: round r holds each slot's r-th occurrence.
+
+    Applying the rounds in order equals applying the positions in order, since positions on
+    different slots commute. Returns lists of indices into `slots`.
+    """
+    seen: dict[int, int] = {}
+    rounds: list[list[int]] = []
+    for i, s in enumerate(slots):
+        r = seen.get(s, 0)
+        seen[s] = r + 1
+        if r == len(rounds):
+            rounds.append([])
+        rounds[r].append(i)
+    return rounds
+
+
+def last_occurrence(items: list[int]) -> list[int]:
+    """Indices of the last occurrence of each distinct item, in order."""
+    last = {x: i for i, x in enumerate(items)}
+    return sorted(last.values())

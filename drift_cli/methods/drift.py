@@ -1,0 +1,175 @@
+"""`drift`: the static draft plus the DRIFT bank (no gradients, no new parameters).
+
+Draft step (`adjust`, timed as "adjust"): retrieve the k nearest prototypes of the draft's hidden
+state and add λβ to the sampling-space logits; the retrieval is kept for the update.
+After verification (`observe`, timed as "adapt"): update or allocate a prototype for every
+drafted position in order, from the target's and the draft's unbiased distributions.
+One bank per tenant (`begin_prompt(prompt, tenant)`); banks persist across the prompts of a
+stream and are rebuilt by `begin_stream` (from `--bank-in` when given).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+import torch
+
+from drift_cli.drift.bank import DriftBank
+from drift_cli.drift.config import KEYS, DriftConfig
+from drift_cli.drift.snapshot import load_bank, save_bank
+from drift_cli.engine.sampling import Sampler
+from drift_cli.errors import BadInput
+from drift_cli.methods.base import Feedback, MethodContext, ModelDraftPolicy, Proposal
+from drift_kernels import Neighbours
+
+DEFAULT_TENANT = "default"
+TENANT_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _no_neighbours(rows: int, k: int, device) -> Neighbours:
+    return Neighbours(torch.full((rows, k), -1, dtype=torch.int64, device=device),
+                      torch.full((rows, k), float("-inf"), device=device), torch.zeros(rows, k, device=device))
+
+
+class DriftMethod(ModelDraftPolicy):
+    name = "drift"
+    description = "the static draft plus the DRIFT bank: gradient-free recalibration from verification feedback"
+    cli_options = [
+        click.Option(["--gain"], type=float, default=None, help="DRIFT: bias gain λ"),
+        click.Option(["--eta"], type=float, default=None, help="DRIFT: EMA rate η (floor of the adaptive rate)"),
+        click.Option(["--tau"], type=float, default=None, help="DRIFT: similarity threshold τ to update instead of allocate"),
+        click.Option(["--neighbors"], type=int, default=None, help="DRIFT: prototypes retrieved per position (k)"),
+        click.Option(["--sigma"], type=float, default=None, help="DRIFT: Gaussian kernel width σ over cosine distance"),
+        click.Option(["--bank-size"], type=int, default=None, help="DRIFT: prototypes per tenant bank (N)"),
+        click.Option(["--support"], type=int, default=None, help="DRIFT: support tokens per prototype (m; 0 = full vocabulary)"),
+        click.Option(["--adaptive-rate/--no-adaptive-rate"], default=None, help="DRIFT: per-prototype rate max(η, 1/(n+1))"),
+        click.Option(["--key"], type=click.Choice(KEYS), default=None, help="DRIFT: key on the draft hidden state or an estimated target one"),
+        click.Option(["--bank-in"], type=click.Path(path_type=Path), default=None, help="DRIFT: warm-start from a bank snapshot"),
+        click.Option(["--bank-out"], type=click.Path(path_type=Path), default=None, help="DRIFT: save the bank(s) after the stream"),
+    ]
+
+    def __init__(self, draft: torch.nn.Module, cfg: DriftConfig = DriftConfig(), *, fingerprint: str | None = None,
+                 bank_in: Path | None = None, bank_out: Path | None = None,
+                 books_factory: Callable[[int], Any] | None = None, backend: str = "auto") -> None:
+        super().__init__(draft)
+        self.cfg = cfg.validate(self.lm.vocab_size)
+        self.fingerprint, self.bank_in, self.bank_out = fingerprint, bank_in, bank_out
+        self.books_factory, self.backend = books_factory, backend
+        head = self.lm.head.weight                                   # [V, d]
+        self.dim, self.device, self.key_dtype = head.shape[1], head.device, head.dtype
+        self.banks: dict[str, DriftBank] = {}
+        self.bank: DriftBank | None = None
+        self._pending: list[Neighbours | None] = []
+        self._saved = False
+        if bank_in is not None and not bank_in.exists():
+            raise BadInput(f"--bank-in {bank_in} does not exist")
+
+    @classmethod
+    def build(cls, ctx: MethodContext) -> "DriftMethod":
+        if ctx.draft is None:
+            raise BadInput("method drift needs a draft model")
+        cfg = DriftConfig.from_options(ctx.options).validate(ctx.vocab_size)
+        return cls(ctx.draft, cfg, fingerprint=ctx.draft_fingerprint,
+                   bank_in=ctx.options.get("bank_in"), bank_out=ctx.options.get("bank_out"))
+
+    # -- banks ---------------------------------------------------------------------------------
+
+    def _new_bank(self, tenant: str) -> DriftBank:
+        books = self.books_factory(self.cfg.bank_size) if self.books_factory else None
+        with torch.inference_mode():
+            return DriftBank(self.cfg, self.dim, self.lm.vocab_size, self.device, self.key_dtype,
+                             tenant=tenant, books=books, backend=self.backend)
+
+    def begin_stream(self) -> None:
+        self.banks, self.bank, self._saved = {}, None, False
+        if self.bank_in is not None:
+            for tenant, path in snapshot_files(self.bank_in).items():
+                self.banks[tenant] = load_bank(path, self.cfg, self.dim, self.lm.vocab_size, self.device,
+                                               self.key_dtype, self.fingerprint, self.backend)
+
+    def begin_prompt(self, prompt: torch.Tensor, tenant: str | None = None) -> None:
+        super().begin_prompt(prompt, tenant)
+        tenant = tenant or DEFAULT_TENANT
+        if tenant not in self.banks:
+            self.banks[tenant] = self._new_bank(tenant)
+        self.bank = self.banks[tenant]
+
+    # -- draft step ----------------------------------------------------------------------------
+
+    def propose(self, context: torch.Tensor, gamma: int, sampler: Sampler) -> Proposal:
+        self._pending = []
+        return super().propose(context, gamma, sampler)
+
+    def adjust(self, hidden: torch.Tensor, logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
+        """hidden [B, d], sampling-space logits [B, V] -> logits + λβ (unchanged while the bank is empty)."""
+        if self.bank is None or self.bank.n_valid == 0 or self.cfg.gain == 0.0:
+            self._pending.append(None if self.bank is None or self.bank.n_valid == 0 else self.bank.retrieve(hidden))
+            return logits
+        nb = self.bank.retrieve(hidden)
+        self._pending.append(nb)
+        return self.bank.adjust(logits, nb)
+
+    # -- update --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def observe(self, feedback: Feedback) -> None:
+        prop = feedback.proposal
+        k = prop.k
+        if k == 0 or self.bank is None or prop.hidden is None:
+            return
+        b = prop.tokens.shape[0]
+        temp = 1.0 if feedback.sampler.greedy else feedback.sampler.temperature
+        v = prop.base_logits.shape[-1]
+        logp = torch.log_softmax(feedback.target_logits[:, :k].float() / temp, dim=-1).reshape(b * k, v)
+        logq = torch.log_softmax(prop.base_logits.float() / temp, dim=-1).reshape(b * k, v)
+        hidden = prop.hidden.reshape(b * k, -1)
+        self.bank.observe(hidden, self._neighbours(b, k), logp, logq)
+
+    def _neighbours(self, b: int, k: int) -> Neighbours:
+        """The draft step's retrievals for the k drafted positions, as [B·k, neighbours] (batch-major)."""
+        kn, dev = self.cfg.neighbors, self.device
+        steps = [nb if nb is not None else _no_neighbours(b, kn, dev) for nb in self._pending[:k]]
+        stack = lambda name: torch.stack([getattr(nb, name) for nb in steps], 1).reshape(b * k, kn)  # noqa: E731
+        return Neighbours(stack("idx"), stack("sim"), stack("weight"))
+
+    # -- figures -------------------------------------------------------------------------------
+
+    def report(self) -> dict[str, Any]:
+        """Bank figures for run.json; saves `--bank-out` once per stream (report ends a stream)."""
+        if self.bank_out is not None and not self._saved and self.banks:
+            save_banks(self.banks, self.bank_out, self.fingerprint)
+            self._saved = True
+        tenants = {name: bank.stats() for name, bank in self.banks.items()}
+        return {
+            "config": self.cfg.to_json(),
+            "memory_bytes": sum(bank.memory_bytes() for bank in self.banks.values()),
+            "tenants": tenants,
+            "prototypes": sum(bank.n_valid for bank in self.banks.values()),
+            "updates": sum(bank.totals.updated for bank in self.banks.values()),
+            "allocations": sum(bank.totals.allocated for bank in self.banks.values()),
+            "evictions": sum(bank.totals.evicted for bank in self.banks.values()),
+        }
+
+
+def snapshot_files(path: Path) -> dict[str, Path]:
+    """--bank-in: a file is the default tenant's bank; a directory holds `<tenant>.bank` files."""
+    if path.is_dir():
+        files = {p.name.removesuffix(".bank"): p for p in sorted(path.glob("*.bank"))}
+        if not files:
+            raise BadInput(f"--bank-in {path} is a directory without any <tenant>.bank snapshot")
+        return files
+    return {DEFAULT_TENANT: path}
+
+
+def save_banks(banks: dict[str, DriftBank], path: Path, fingerprint: str | None) -> None:
+    """--bank-out: one bank -> the file itself; several tenants -> a directory of `<tenant>.bank`."""
+    if list(banks) == [DEFAULT_TENANT]:
+        save_bank(banks[DEFAULT_TENANT], path, fingerprint)
+        return
+    for tenant, bank in banks.items():
+        if not TENANT_NAME.match(tenant):
+            raise BadInput(f"tenant id {tenant!r} cannot name a snapshot file (use letters, digits, _ . -)")
+        save_bank(bank, path / f"{tenant}.bank", fingerprint)

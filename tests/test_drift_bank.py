@@ -1,0 +1,147 @@
+"""The DRIFT bank's update rule against hand-computed examples and a sequential re-statement."""
+
+import math
+
+import pytest
+import torch
+
+from drift_cli.drift import DriftBank, DriftConfig
+from drift_cli.drift.bank import occurrence_rounds
+from drift_cli.errors import BadInput
+from drift_kernels import Neighbours, reference
+from tests.drift_books import make_books
+
+
+def bank(n=4, d=2, m=2, v=4, **kw) -> DriftBank:
+    cfg = DriftConfig(bank_size=n, support=m, **kw)
+    with torch.inference_mode():
+        return DriftBank(cfg, d, v, books=make_books(n), backend="reference")
+
+
+def logs(*rows):
+    return torch.log(torch.tensor(rows, dtype=torch.float32))
+
+
+@torch.inference_mode()
+def test_allocation_then_update_by_hand():
+    b = bank(eta=0.1, tau=0.5, adaptive_rate=True)
+    p = logs([0.1, 0.6, 0.2, 0.1])
+    q = logs([0.5, 0.2, 0.2, 0.1])
+    h = torch.tensor([[3.0, 4.0]])
+    nb = b.retrieve(h)
+    assert nb.idx.tolist() == [[-1] * 4]            # empty bank: nothing retrieved
+    s = b.observe(h, nb, p, q)
+    assert (s.allocated, s.updated) == (1, 0)
+    # allocation: K = ĥ, S = top-2 tokens of max(p, q) = {1 (0.6), 0 (0.5)}, B = r on S, n = 1
+    slot = 0
+    assert b.support[slot].tolist() == [1, 0]
+    torch.testing.assert_close(b.keys[slot], torch.tensor([0.6, 0.8]))
+    r = [math.log(0.6 / 0.7) - math.log(0.2 / 0.7), math.log(0.1 / 0.7) - math.log(0.5 / 0.7)]
+    torch.testing.assert_close(b.bias[slot], torch.tensor(r))
+    assert b.counts[slot].item() == 1 and b.n_valid == 1
+    # same region again: matched (cos 1 >= τ), rate max(0.1, 1/2) = 0.5; target's top token 1 is in S
+    p2 = logs([0.3, 0.3, 0.3, 0.1])
+    q2 = logs([0.25, 0.25, 0.25, 0.25])
+    h2 = torch.tensor([[4.0, 3.0]])
+    nb2 = b.retrieve(h2)
+    assert nb2.idx[0, 0].item() == slot and abs(nb2.sim[0, 0].item() - 0.96) < 1e-6
+    s = b.observe(h2, nb2, p2, q2)
+    assert (s.allocated, s.updated, s.refreshed) == (0, 1, 0)
+    r2 = torch.tensor([0.0, 0.0])                   # p and q are both uniform over {1, 0}
+    torch.testing.assert_close(b.bias[slot], 0.5 * torch.tensor(r) + 0.5 * r2)
+    key = 0.5 * torch.tensor([0.6, 0.8]) + 0.5 * torch.tensor([0.8, 0.6])
+    torch.testing.assert_close(b.keys[slot], key / key.norm())
+    assert b.counts[slot].item() == 2
+
+
+@torch.inference_mode()
+def test_support_refresh_replaces_the_smallest_bias():
+    b = bank(eta=0.5, tau=0.0, adaptive_rate=False)
+    h = torch.tensor([[1.0, 0.0]])
+    b.observe(h, b.retrieve(h), logs([0.4, 0.3, 0.2, 0.1]), logs([0.4, 0.3, 0.2, 0.1]))
+    b.bias[0] = torch.tensor([2.0, -0.5])           # S = [0, 1]; |B| smallest at token 1
+    p = logs([0.2, 0.1, 0.6, 0.1])                  # target's top token 2 is not in S
+    q = logs([0.4, 0.3, 0.2, 0.1])
+    s = b.observe(h, b.retrieve(h), p, q)
+    assert s.refreshed == 1
+    assert b.support[0].tolist() == [0, 2]
+    r = [math.log(0.2 / 0.8) - math.log(0.4 / 0.6), math.log(0.6 / 0.8) - math.log(0.2 / 0.6)]
+    torch.testing.assert_close(b.bias[0], 0.5 * torch.tensor([2.0, 0.0]) + 0.5 * torch.tensor(r))
+
+
+def sequential_update(b: DriftBank, h, nb, logp, logq):
+    """DESIGN.md's rule, one matched position at a time (the specification, unbatched)."""
+    for p in range(h.shape[0]):
+        i, s = int(nb.idx[p, 0]), float(nb.sim[p, 0])
+        assert i >= 0 and s >= b.cfg.tau
+        top = int(logp[p].argmax())
+        sup = b.support[i]
+        if top not in sup.tolist():
+            j = int(b.bias[i].abs().argmin())
+            sup[j], b.bias[i, j] = top, 0.0
+        r = reference.support_residual(logp[p:p + 1], logq[p:p + 1], sup[None])
+        reference.update(b.keys, b.bias, b.counts, torch.tensor([i]), r, h[p:p + 1], b.cfg.eta, b.cfg.adaptive_rate)
+
+
+@torch.inference_mode()
+def test_repeated_slots_in_one_iteration_follow_position_order():
+    g = torch.Generator().manual_seed(0)
+    a, c = bank(n=8, d=6, m=3, v=10, tau=-1.0), bank(n=8, d=6, m=3, v=10, tau=-1.0)
+    warm = torch.randn(3, 6, generator=g)
+    lp0 = torch.log_softmax(torch.randn(3, 10, generator=g), -1)
+    for x in (a, c):
+        x.observe(warm, x.retrieve(warm), lp0, lp0.flip(-1))   # three allocations
+    slots = torch.tensor([2, 0, 2, 2, 1])
+    nb = Neighbours(torch.stack([slots, -torch.ones_like(slots)], 1), torch.full((5, 2), 0.5), torch.ones(5, 2))
+    h = torch.randn(5, 6, generator=g)
+    logp = torch.log_softmax(torch.randn(5, 10, generator=g) * 3, -1)
+    logq = torch.log_softmax(torch.randn(5, 10, generator=g) * 3, -1)
+    a.observe(h, nb, logp, logq)
+    sequential_update(c, h, nb, logp, logq)
+    for name in ("keys", "support", "bias", "counts"):
+        torch.testing.assert_close(getattr(a, name), getattr(c, name), atol=1e-6, rtol=0)
+    assert a.counts.tolist()[:3] == [2, 2, 4]
+
+
+def test_occurrence_rounds():
+    assert occurrence_rounds([5, 3, 5, 5, 2]) == [[0, 1, 4], [2], [3]]
+    assert occurrence_rounds([]) == []
+
+
+@torch.inference_mode()
+def test_full_bank_evicts_the_least_recently_used():
+    b = bank(n=2, d=2, m=2, tau=0.999)
+    lp = logs([0.4, 0.3, 0.2, 0.1])
+    for vec in ([1.0, 0.0], [0.0, 1.0]):
+        h = torch.tensor([vec])
+        b.observe(h, b.retrieve(h), lp, lp)
+    h = torch.tensor([[0.0, 1.0]])                  # touches slot 1 (an update) -> slot 0 is LRU
+    b.observe(h, b.retrieve(h), lp, lp)
+    h = torch.tensor([[-1.0, -1.0]])                # far from both: allocate, evicting slot 0
+    s = b.observe(h, b.retrieve(h), lp, lp)
+    assert (s.allocated, s.evicted) == (1, 1)
+    torch.testing.assert_close(b.keys[0], torch.tensor([-1.0, -1.0]) / math.sqrt(2))
+    assert b.n_valid == 2
+
+
+def test_memory_is_reported_exactly():
+    b = bank(n=16, d=8, m=4, v=50)
+    assert b.memory_bytes() == 16 * (8 * 4 + 4 * (8 + 4)) + 16 * (8 + 1)
+    dense = bank(n=16, d=8, m=0, v=50)
+    assert dense.memory_bytes() == 16 * (8 * 4 + 50 * 4) + 16 * (8 + 1)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("gain", -1.0, "--gain must be >= 0"), ("eta", 0.0, "--eta must be in"), ("tau", 1.5, "--tau"),
+    ("neighbors", 0, "--neighbors"), ("sigma", 0.0, "--sigma"), ("bank_size", 0, "--bank-size"),
+    ("support", 60, "exceeds the vocabulary"), ("key", "target", "--key must be one of"),
+])
+def test_bad_config_is_bad_input(field, value, message):
+    with pytest.raises(BadInput, match=message):
+        DriftConfig(**{field: value}).validate(vocab_size=50)
+
+
+def test_config_round_trips_through_json_and_options():
+    cfg = DriftConfig(gain=0.3, support=0, adaptive_rate=False)
+    assert DriftConfig.from_json(cfg.to_json()) == cfg
+    assert DriftConfig.from_options({"gain": 0.3, "support": 0, "adaptive_rate": False, "eta": None}) == cfg
