@@ -39,11 +39,17 @@ fn py_err(e: CoreError) -> PyErr {
         CoreError::SnapshotCorrupt(_) => SnapshotCorrupt::new_err(msg),
         CoreError::SnapshotVersion { .. } => SnapshotVersionError::new_err(msg),
         CoreError::SnapshotDraftMismatch { .. } => SnapshotDraftMismatch::new_err(msg),
-        CoreError::Io { source, .. } => match source.kind() {
-            std::io::ErrorKind::NotFound => PyFileNotFoundError::new_err(msg),
-            std::io::ErrorKind::PermissionDenied => PyPermissionError::new_err(msg),
-            _ => PyOSError::new_err(msg),
-        },
+        CoreError::Io { path, source } => {
+            // OSError(errno, strerror, filename), as Python's own file functions raise it.
+            let text = source.to_string();
+            let strerror = text.split(" (os error").next().unwrap_or(&text).to_owned();
+            let args = (source.raw_os_error().unwrap_or(0), strerror, path);
+            match source.kind() {
+                std::io::ErrorKind::NotFound => PyFileNotFoundError::new_err(args),
+                std::io::ErrorKind::PermissionDenied => PyPermissionError::new_err(args),
+                _ => PyOSError::new_err(args),
+            }
+        }
     }
 }
 
