@@ -307,3 +307,34 @@ def test_corpus_jsonl(env, tmp_path):
 def test_troff_to_text():
     src = '.\\" comment\n.TH LS 1\n.SH BESCHREIBUNG\nAuflistung \\fBvon\\fP Dateien\\-Infos\n.TP\n\\fB\\-a\\fR, \\fB\\-\\-all\\fR\n.BR ls (1)\n'
     assert troff_to_text(src) == "BESCHREIBUNG\n\nAuflistung von Dateien-Infos\n\n-a, --all\nls(1)"
+
+
+# ---- drift data build|list ---------------------------------------------------------------------
+
+def test_data_build_and_list_commands(env):
+    from click.testing import CliRunner
+
+    from drift_cli.commands.data import data
+
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(data, ["list", "--json"]).output)
+    assert [r["scenario"] for r in listed] == ["alpha", "beta", "mix"]
+    assert all(r["sources"] == "present" and r["splits"] is None for r in listed)
+    built = runner.invoke(data, ["build", "mix", "--json"])
+    assert built.exit_code == 0, built.output
+    summary = json.loads(built.stdout)
+    assert [s["scenario"] for s in summary] == ["alpha", "beta"] and all(s["built"] for s in summary)
+    listed = json.loads(runner.invoke(data, ["list", "--json"]).output)
+    alpha = listed[0]["splits"]
+    assert alpha["test"]["documents"] == len(S.documents("alpha", "test"))
+    assert listed[2]["splits"]["test"]["documents"] == sum(len(S.documents(n, "test")) for n in ("alpha", "beta"))
+    forget_loaded()
+    again = json.loads(runner.invoke(data, ["build", "--json"]).stdout)
+    assert not any(s["built"] for s in again)
+    assert [s["splits"] for s in again] == [s["splits"] for s in summary]
+    (env["src"] / "b").rename(env["src"] / "b-gone")
+    forget_loaded()
+    listed = json.loads(runner.invoke(data, ["list", "--json"]).output)
+    assert listed[1]["sources"] == "missing" and "fixture-beta" in listed[1]["missing"]
+    result = runner.invoke(data, ["build", "beta"])
+    assert isinstance(result.exception, BadInput) and "apt-get install fixture-beta" in str(result.exception)

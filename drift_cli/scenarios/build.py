@@ -18,6 +18,7 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from drift_cli.scenarios.cleaning import content_sha256, normalise_text, normalised_sha256, truncate_at_line
 from drift_cli.scenarios.document import Document
@@ -239,12 +240,18 @@ class ScenarioBuild:
 _LOADED: dict[str, ScenarioBuild] = {}
 
 
-def build_scenario(scenario: Scenario, force: bool = False) -> ScenarioBuild:
-    """Extract (or read from the cache) every source, split, and write splits + manifests."""
+def build_scenario(scenario: Scenario, force: bool = False,
+                   on_source: Callable[[SourceBuild], None] | None = None) -> ScenarioBuild:
+    """Extract (or read from the cache) every source, split, and write splits + manifests.
+    `on_source` is called after each source (progress bars)."""
     memo = scenario.recipe_sha256()
     if not force and memo in _LOADED:      # loaded earlier in this process
         return _LOADED[memo]
-    sources = [build_source(scenario, spec, force) for spec in scenario.sources]
+    sources = []
+    for spec in scenario.sources:
+        sources.append(build_source(scenario, spec, force))
+        if on_source:
+            on_source(sources[-1])
     key = _json_key({"recipe": scenario.recipe(), "sources": [s.key for s in sources]})
     directory = cache_root() / "splits" / scenario.name / key
     fresh = [s.spec.id for s in sources if s.built]
@@ -276,3 +283,21 @@ def forget_loaded() -> None:
 
 def text_fingerprint(docs: list[Document]) -> str:
     return content_sha256("\n".join(d.id + "\x00" + d.text for d in docs))
+
+
+def cached_manifests(scenario: Scenario) -> dict[str, dict] | None:
+    """The manifests of the current build if it is in the cache, else None (nothing is
+    extracted; source files are listed and hashed to find the key). BadInput if a source is
+    missing."""
+    keys = []
+    for spec in scenario.sources:
+        paths = list_files(spec)
+        if not paths:
+            raise missing_source(scenario.name, spec)
+        keys.append(source_key(scenario, spec, [file_record(p) for p in paths]))
+    key = _json_key({"recipe": scenario.recipe(), "sources": keys})
+    directory = cache_root() / "splits" / scenario.name / key
+    files = [directory / f"manifest-{s}.json" for s in SPLITS]
+    if not all(f.exists() for f in files):
+        return None
+    return {s: json.loads(f.read_text()) for s, f in zip(SPLITS, files)}
