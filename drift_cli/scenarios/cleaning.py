@@ -135,3 +135,24 @@ def clean_gcide(entry: str) -> str:
     """Drop GCIDE's per-sense source tags ("[1913 Webster]") and pronunciation keys (\\A*bash"\\)."""
     entry = _GCIDE_TAGS.sub("", entry)
     return _GCIDE_PRONUNCIATION.sub("", entry)
+
+
+_QUOTE_AUTHOR = re.compile(r"--\s?[A-Z]")
+_SPACE_BEFORE_AUTHOR = re.compile(r"\s{2,}--")
+
+
+def gcide_quotations(entry: str) -> list[str]:
+    """The literary quotations cited in a GCIDE entry ("Satan stood / Awhile as mute ...
+    --Milton."): blocks of lines indented 8+ spaces whose last line names an author.
+    Usage notes and synonym lists (also deeply indented) are not quotations."""
+    blocks: list[list[str]] = []
+    cur: list[str] = []
+    for line in entry.split("\n") + [""]:
+        indent = len(line) - len(line.lstrip(" "))
+        if line.strip() and indent >= 8 and not line.strip().startswith("["):
+            cur.append(line.strip())
+            continue
+        if cur and _QUOTE_AUTHOR.search(cur[-1]) and not cur[0].startswith(("Note", "Syn")):
+            blocks.append(cur)
+        cur = []
+    return [_SPACE_BEFORE_AUTHOR.sub(" --", "\n".join(b)) for b in blocks]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from drift_cli.errors import BadInput
-from drift_cli.scenarios.cleaning import clean_gcide, normalise_text, troff_to_text
+from drift_cli.scenarios.cleaning import clean_gcide, gcide_quotations, normalise_text, troff_to_text
 from drift_cli.scenarios.schema import SourceSpec
 
 
@@ -220,7 +220,11 @@ def dictd_entries(index: Path, data: Path) -> Iterator[tuple[str, str]]:
         span = (_dictd_offset(parts[1]), _dictd_offset(parts[2]))
         spans.setdefault(span, parts[0])
     for (start, length), word in sorted(spans.items()):
-        yield word, raw[start:start + length].decode("utf-8", errors="replace")
+        piece = raw[start:start + length]
+        try:
+            yield word, piece.decode("utf-8")
+        except UnicodeDecodeError:   # a few GCIDE entries carry stray cp1252 bytes (0x92: ’)
+            yield word, piece.decode("cp1252", errors="replace")
 
 
 @extractor("dictd")
@@ -228,12 +232,14 @@ def dictd(spec: SourceSpec, files: list[Path]) -> Iterator[RawDoc]:
     """Entries of a dictd dictionary (FOLDOC, GCIDE, the Jargon File in dict form).
 
     options: include (regexes; keep an entry if any matches), exclude (drop if any matches),
-    clean ("gcide" strips source tags and pronunciations), chunk_chars.
+    clean ("gcide" strips source tags and pronunciations), chunk_chars,
+    part ("entries", the default, or "quotations": only the literary quotations an entry cites).
     """
     include = [re.compile(p) for p in spec.option("include", [])]
     exclude = [re.compile(p) for p in spec.option("exclude", [])]
     clean = clean_gcide if spec.option("clean") == "gcide" else (lambda s: s)
     chunk = int(spec.option("chunk_chars", 2000))
+    quotations = spec.option("part", "entries") == "quotations"
     pairs = {}
     for f in files:
         stem = f.name.split(".")[0]
@@ -248,7 +254,11 @@ def dictd(spec: SourceSpec, files: list[Path]) -> Iterator[RawDoc]:
                     continue
                 if any(p.search(text) for p in exclude):
                     continue
-                yield word, normalise_text(clean(text))
+                if quotations:
+                    for i, quote in enumerate(gcide_quotations(text)):
+                        yield f"{word}#{i}", normalise_text(quote)
+                else:
+                    yield word, normalise_text(clean(text))
 
         yield from chunk_entries(keep(dictd_entries(pair["index"], pair["data"])), chunk,
                                  pair["data"].as_posix())
