@@ -1,0 +1,101 @@
+"""`drift zoo build|list`: train and inspect the built-in model zoo (registered by drift_cli.cli)."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from drift_cli.divergence import DIVERGENCES
+
+
+@contextmanager
+def _progress_callback(console: Console):
+    """A `(description, completed, total)` callback drawing one rich bar per description."""
+    bars = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=False)
+    tasks: dict[str, int] = {}
+
+    def update(description: str, completed: float, total: float) -> None:
+        if description not in tasks:
+            tasks[description] = bars.add_task(description, total=total)
+        bars.update(tasks[description], completed=completed, total=total)
+
+    with bars:
+        yield update
+
+
+@click.group("zoo")
+def zoo() -> None:
+    """Build and list the built-in model zoo (tokenizer, target, draft, offline drafts)."""
+
+
+@zoo.command("build")
+@click.option("--preset", default="small", show_default=True, help="micro | small | large")
+@click.option("--offline", "offline_scenarios", multiple=True, metavar="SCENARIO",
+              help="Also distil an offline draft for this scenario (repeatable).")
+@click.option("--divergence", type=click.Choice(DIVERGENCES), default="fkl", show_default=True,
+              help="Distillation divergence for --offline drafts.")
+@click.option("--on-policy", is_flag=True, help="Offline drafts also train on their own samples.")
+@click.option("--json", "as_json", is_flag=True, help="Print the build manifest as JSON.")
+def build(preset: str, offline_scenarios: tuple[str, ...], divergence: str, on_policy: bool, as_json: bool) -> None:
+    """Build the zoo for PRESET (a no-op when the cached recipe is unchanged)."""
+    from drift_cli.zoo import ensure_offline_draft, ensure_zoo
+    from drift_cli.zoo.cache import read_json
+
+    console = Console(stderr=True)
+    with _progress_callback(console) as progress:
+        pair = ensure_zoo(preset, progress=progress)
+        offline = [ensure_offline_draft(preset, s, divergence, on_policy, progress=progress) for s in offline_scenarios]
+    manifest = read_json(pair.root / "manifest.json")
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2, sort_keys=True))
+        return
+    out = Console()
+    out.print(_manifest_table(manifest))
+    out.print(f"zoo: {pair.root}")
+    for path in offline:
+        out.print(f"offline draft: {path}")
+
+
+def _manifest_table(manifest: dict) -> Table:
+    table = Table(title=f"zoo '{manifest['preset']}' ({manifest['hash'][:12]})")
+    for col in ("model", "parameters", "FLOPs/token", "train tokens", "final loss", "build s"):
+        table.add_column(col, justify="right" if col != "model" else "left")
+    for name in ("target", "draft"):
+        curve = manifest["loss_curves"][name]
+        table.add_row(name, f"{manifest['parameters'][name]:,}", f"{manifest['per_token_flops'][name]:,}",
+                      f"{manifest['train_tokens'][name]:,}", f"{curve[-1][1]:.3f}" if curve else "-",
+                      f"{manifest['wall_time_s'][name]:.1f}")
+    table.caption = f"draft/target compute per token: {manifest['per_token_flops']['draft_over_target']:.3f}"
+    return table
+
+
+@zoo.command("list")
+@click.option("--preset", default=None, help="Only this preset (default: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def list_(preset: str | None, as_json: bool) -> None:
+    """Presets, whether the current recipe is built, and every cached build."""
+    from drift_cli.zoo import preset_names, zoo_status
+
+    statuses = [zoo_status(p) for p in ([preset] if preset else preset_names())]
+    if as_json:
+        click.echo(json.dumps(statuses, indent=2, sort_keys=True))
+        return
+    table = Table(title="drift zoo")
+    for col in ("preset", "current recipe", "built", "target params", "draft params", "offline drafts"):
+        table.add_column(col)
+    for s in statuses:
+        current = next((b for b in s["builds"] if b["current"]), None)
+        params = (current or {}).get("parameters") or {}
+        table.add_row(s["preset"], s["current_hash"][:12], "yes" if s["built"] else "no",
+                      f"{params['target']:,}" if params else "-", f"{params['draft']:,}" if params else "-",
+                      ", ".join((current or {}).get("offline", [])) or "-")
+    Console().print(table)
+
+
+list_.name = "list"

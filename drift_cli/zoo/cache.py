@@ -1,0 +1,124 @@
+"""The zoo cache: recipe hashes, atomic directory builds, a per-preset build lock.
+
+Layout under `$DRIFT_CACHE_DIR` (default `~/.cache/drift-bench`):
+
+    zoo/<preset>-<recipe hash[:12]>/
+        manifest.json
+        tokenizer/  target/  draft/           each with recipe.json (its own hash) and build.json
+        offline/<scenario>-<divergence>[-onpolicy]/
+
+A component directory is built under a temporary name in the same parent and renamed into place
+only when complete, so a crash never leaves a half-written checkpoint where a reader looks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+# Bump when the training or distillation code changes what a recipe produces.
+CODE_VERSION = 1
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DRIFT_CACHE_DIR", "~/.cache/drift-bench")).expanduser() / "zoo"
+
+
+def recipe_hash(recipe: dict) -> str:
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
+
+
+def documents_hash(docs) -> str:
+    """sha256 over (id, sha256(text)) of each document, in the given (training) order."""
+    h = hashlib.sha256()
+    for d in docs:
+        h.update(d.id.encode())
+        h.update(b"\0")
+        h.update(hashlib.sha256(d.text.encode()).digest())
+    return h.hexdigest()
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def component_matches(directory: Path, recipe_hash_: str) -> bool:
+    recipe = read_json(directory / "recipe.json")
+    return recipe is not None and recipe.get("hash") == recipe_hash_
+
+
+def _fsync_tree(root: Path) -> None:
+    for f in root.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_directory(final: Path) -> Iterator[Path]:
+    """Yield an empty temp dir next to `final`; on success it replaces `final` in one rename."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if final.exists():
+            old = final.parent / f".{final.name}.old-{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def copy_component(source: Path, final: Path) -> None:
+    with atomic_directory(final) as tmp:
+        shutil.copytree(source, tmp, dirs_exist_ok=True)
+
+
+def find_built_component(preset: str, component: str, hash_: str, exclude: Path) -> Path | None:
+    """A complete component with this recipe hash in another build of the same preset, if any."""
+    for root in sorted(cache_root().glob(f"{preset}-*")):
+        candidate = root / component
+        if root != exclude and component_matches(candidate, hash_):
+            return candidate
+    return None
+
+
+@contextlib.contextmanager
+def build_lock(name: str) -> Iterator[None]:
+    """An exclusive lock so that two processes never build the same preset at once."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

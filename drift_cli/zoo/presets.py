@@ -1,0 +1,117 @@
+"""Zoo presets as data: tokenizer size, model shapes and training recipes per preset.
+
+Every field here is part of the recipe hash (see `drift_cli.zoo.cache`): change a number and the
+components it affects are rebuilt on the next `ensure_zoo`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Llama decoder. `context` is max_position_embeddings and the FLOPs reference length."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    context: int
+
+
+@dataclass(frozen=True)
+class TrainRecipe:
+    """Next-token pre-training: AdamW, linear warmup then cosine decay to `min_lr_ratio * lr`."""
+
+    steps: int
+    batch: int          # sequences per step
+    seq_len: int        # tokens per sequence
+    lr: float
+    warmup: int
+    weight_decay: float = 0.1
+    min_lr_ratio: float = 0.1
+    bf16: bool = False  # autocast matmuls to bfloat16 (fp32 weights): ~1.7x on AMX CPUs and GPUs
+    mix_alpha: float = 1.0   # domain sampling weight ~ windows**alpha (1: natural mix, 0: uniform)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DistillRecipe:
+    """Offline distillation of the draft from the target on a scenario's train split."""
+
+    steps: int
+    batch: int
+    seq_len: int            # off-policy window length (tokens of real text)
+    lr: float
+    warmup: int
+    prefix_len: int         # on-policy: tokens of real text the draft continues from
+    new_tokens: int         # on-policy: tokens the draft generates (sampled, temperature 1)
+    bf16: bool = False      # the target labels under bfloat16 autocast (the draft trains in fp32)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ZooPreset:
+    name: str
+    vocab_size: int
+    tokenizer_chars: int    # at most this much target training text trains the tokenizer
+    domain_chars: int | None    # at most this much text per domain is tokenized for training (None: all)
+    target: ModelShape
+    draft: ModelShape
+    target_train: TrainRecipe
+    draft_train: TrainRecipe
+    distill: DistillRecipe
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, ZooPreset] = {
+    # Seconds on a laptop core: for tests and CI. Too small to show a shift; only the plumbing.
+    "micro": ZooPreset(
+        name="micro",
+        vocab_size=384,
+        tokenizer_chars=400_000,
+        domain_chars=60_000,
+        target=ModelShape(hidden=64, layers=3, heads=2, kv_heads=2, ffn=176, context=256),
+        draft=ModelShape(hidden=32, layers=1, heads=2, kv_heads=2, ffn=88, context=256),
+        target_train=TrainRecipe(steps=300, batch=8, seq_len=64, lr=3e-3, warmup=20),
+        draft_train=TrainRecipe(steps=200, batch=8, seq_len=64, lr=3e-3, warmup=10),
+        distill=DistillRecipe(steps=10, batch=4, seq_len=64, lr=1e-3, warmup=2, prefix_len=16,
+                              new_tokens=16),
+    ),
+    # The default: minutes on 2 CPU cores. Target >= 4M parameters and >= 4 layers; the draft
+    # costs well under a fifth of the target per token (lm_head included).
+    "small": ZooPreset(
+        name="small",
+        vocab_size=4096,
+        tokenizer_chars=8_000_000,
+        domain_chars=None,
+        target=ModelShape(hidden=256, layers=4, heads=4, kv_heads=4, ffn=704, context=512),
+        draft=ModelShape(hidden=96, layers=2, heads=2, kv_heads=2, ffn=256, context=512),
+        target_train=TrainRecipe(steps=1200, batch=16, seq_len=128, lr=2e-3, warmup=60, bf16=True),
+        draft_train=TrainRecipe(steps=800, batch=16, seq_len=128, lr=3e-3, warmup=40),
+        distill=DistillRecipe(steps=300, batch=16, seq_len=128, lr=1e-3, warmup=20,
+                              prefix_len=32, new_tokens=64, bf16=True),
+    ),
+    # For a GPU (not built on CPU): a ~150M target and a ~20M draft, same recipe shape.
+    "large": ZooPreset(
+        name="large",
+        vocab_size=16384,
+        tokenizer_chars=50_000_000,
+        domain_chars=None,
+        target=ModelShape(hidden=768, layers=16, heads=12, kv_heads=4, ffn=2048, context=1024),
+        draft=ModelShape(hidden=256, layers=4, heads=4, kv_heads=4, ffn=704, context=1024),
+        target_train=TrainRecipe(steps=20_000, batch=64, seq_len=512, lr=6e-4, warmup=500, bf16=True),
+        draft_train=TrainRecipe(steps=10_000, batch=64, seq_len=512, lr=1e-3, warmup=300, bf16=True),
+        distill=DistillRecipe(steps=2000, batch=32, seq_len=512, lr=3e-4, warmup=100,
+                              prefix_len=128, new_tokens=256, bf16=True),
+    ),
+}
+
+
+def with_overrides(preset: ZooPreset, **fields) -> ZooPreset:
+    """A copy of `preset` with some top-level fields replaced (tests use it to change a recipe)."""
+    return replace(preset, **fields)
