@@ -39,23 +39,26 @@ def kernel_weight(sim: torch.Tensor, sigma: float) -> torch.Tensor:
 
 
 def retrieve(h: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, k: int, sigma: float) -> Neighbours:
-    """k nearest valid prototypes by cosine similarity.
+    """k nearest valid prototypes by cosine similarity, most similar first.
 
-    h [Q, d]; keys [N, d] unit rows; valid [N] bool. Ties go to the lower slot id (stable sort),
-    which the Triton kernel reproduces.
+    h [Q, d]; keys [N, d] unit rows; valid [N] bool. Ties go to the lower slot id, which the
+    Triton kernel reproduces: `topk` is used (cheap), and only when its result holds a tie does
+    a stable sort decide.
     """
-    q = h.shape[0]
-    if keys.shape[0] == 0 or k == 0:
+    q, n = h.shape[0], keys.shape[0]
+    if n == 0 or k == 0:
         empty = torch.empty((q, k), device=h.device)
         return Neighbours(empty.long().fill_(-1), empty.fill_(float("-inf")), torch.zeros_like(empty))
     sim = unit_rows(h) @ keys.float().T                                   # [Q, N]
     sim = sim.masked_fill(~valid.bool()[None, :], float("-inf"))
-    top, order = torch.sort(sim, dim=-1, descending=True, stable=True)
-    top, order = top[:, :k], order[:, :k]
-    if top.shape[1] < k:                                                  # N < k: pad
-        pad = k - top.shape[1]
-        top = torch.nn.functional.pad(top, (0, pad), value=float("-inf"))
-        order = torch.nn.functional.pad(order, (0, pad), value=-1)
+    kk = min(k, n)
+    top, order = sim.topk(min(kk + 1, n), dim=-1)                         # one extra to see boundary ties
+    if bool((top[:, 1:] == top[:, :-1]).any()):
+        top, order = torch.sort(sim, dim=-1, descending=True, stable=True)
+    top, order = top[:, :kk], order[:, :kk]
+    if kk < k:                                                            # N < k: pad
+        top = torch.nn.functional.pad(top, (0, k - kk), value=float("-inf"))
+        order = torch.nn.functional.pad(order, (0, k - kk), value=-1)
     idx = torch.where(torch.isfinite(top), order, torch.full_like(order, -1))
     return Neighbours(idx, top, kernel_weight(top, sigma))
 
@@ -68,22 +71,29 @@ def weight_total(weight: torch.Tensor) -> torch.Tensor:
     return total.clamp_min(1.0)[:, None]
 
 
-def bias_add(z: torch.Tensor, nb: Neighbours, support: torch.Tensor, bias: torch.Tensor, gain: float) -> torch.Tensor:
+def bias_add(z: torch.Tensor, nb: Neighbours, support: torch.Tensor, bias: torch.Tensor, gain: float,
+             per_neighbour: bool | None = None) -> torch.Tensor:
     """z' = z + λ · Σ_j w_j scatter_V(S_j, B_j) / max(1, Σ_j w_j).
 
     z [Q, V] fp32 sampling-space logits (not modified); support [N, m] int token ids (unique per
-    row); bias [N, m] fp32. Returns a new [Q, V] fp32 tensor.
+    row); bias [N, m] fp32. Returns a new [Q, V] fp32 tensor. Each token's sum runs over
+    j = 0..k-1 in order from 0: on the CPU one scatter_add over the flattened (j, t) positions
+    (the CPU kernel walks them in order); on CUDA one scatter_add per j (no colliding atomics).
+    `per_neighbour` forces either form (default: per j on CUDA only).
     """
+    q, k = nb.idx.shape
+    if k == 0 or support.shape[0] == 0 or support.shape[1] == 0:
+        return z.clone()
+    rows = nb.idx.clamp_min(0)                                            # [Q, k]
+    live = (nb.idx >= 0)[:, :, None]
+    contrib = torch.where(live, nb.weight[:, :, None] * bias[rows], 0.0)  # [Q, k, m]
+    ids = support[rows].long()                                            # [Q, k, m]
     acc = torch.zeros_like(z)                                             # [Q, V]
-    for j in range(nb.idx.shape[1]):
-        slot = nb.idx[:, j]                                               # [Q]
-        live = slot >= 0
-        if not bool(live.any()):
-            continue
-        rows = slot.clamp_min(0)
-        contrib = nb.weight[:, j, None] * bias[rows]                      # [Q, m]
-        contrib = torch.where(live[:, None], contrib, torch.zeros_like(contrib))
-        acc.scatter_add_(1, support[rows].long().clamp_min(0), contrib)
+    if z.is_cuda if per_neighbour is None else per_neighbour:
+        for j in range(k):
+            acc.scatter_add_(1, ids[:, j], contrib[:, j])
+    else:
+        acc.scatter_add_(1, ids.reshape(q, -1), contrib.reshape(q, -1))
     return z + gain * (acc / weight_total(nb.weight))
 
 

@@ -106,6 +106,12 @@ def test_sparse_bias_add_is_bit_exact(q, n, m, v, k):
     assert not torch.equal(got, z)                # and the bias did something
 
 
+def test_bias_add_scatter_forms_agree_bitwise():
+    z, nb, support, bias = make_bias_case(4, 50, 16, 300, 4, seed=7)
+    flat = reference.bias_add(z, nb, support, bias, 0.6, per_neighbour=False)
+    assert torch.equal(flat, reference.bias_add(z, nb, support, bias, 0.6, per_neighbour=True))
+
+
 def test_bias_add_by_hand():
     z = torch.zeros(1, 6)
     nb = reference.Neighbours(torch.tensor([[0, 1]]), torch.tensor([[1.0, 0.9]]), torch.tensor([[1.0, 0.5]]))

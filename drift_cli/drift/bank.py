@@ -50,14 +50,16 @@ class DriftBank:
         self.counts = torch.zeros(n, dtype=torch.int64, device=device)
         self.valid = torch.zeros(n, dtype=torch.bool, device=device)
         self.n_valid = 0          # host-side count, so an empty bank costs no device work
+        self.hi = 0               # 1 + the highest valid slot: retrieval scans keys[:hi] only
         self.totals = ObserveStats()
 
     # -- draft step ---------------------------------------------------------------------------
 
     def retrieve(self, h: torch.Tensor) -> Neighbours:
         """h [Q, d] -> the k nearest prototypes [Q, k]."""
-        return drift_kernels.retrieve(h, self.keys, self.valid, self.cfg.neighbors, self.cfg.sigma,
-                                      backend=self.backend)
+        # fresh books hand out slots 0, 1, 2, ...: while the bank fills, the tail is all invalid
+        return drift_kernels.retrieve(h, self.keys[:self.hi], self.valid[:self.hi], self.cfg.neighbors,
+                                      self.cfg.sigma, backend=self.backend)
 
     def adjust(self, z: torch.Tensor, nb: Neighbours) -> torch.Tensor:
         """z [Q, V] sampling-space logits -> z + λβ."""
@@ -139,6 +141,7 @@ class DriftBank:
         newly = int((~self.valid[s_idx]).sum())
         self.valid[s_idx] = True
         self.n_valid += newly
+        self.hi = max(self.hi, max(slots) + 1)
         return evicted
 
     # -- figures -----------------------------------------------------------------------------
