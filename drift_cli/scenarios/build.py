@@ -26,7 +26,7 @@ from drift_cli.scenarios.extractors import EXTRACTORS, list_files, missing_sourc
 from drift_cli.scenarios.schema import SPLITS, Scenario, SourceSpec, SplitRule
 
 # Bump when extractor or cleaning code changes what the same bytes produce.
-EXTRACTION_VERSION = 1
+EXTRACTION_VERSION = 2
 
 
 def cache_root() -> Path:
@@ -124,6 +124,16 @@ def _within_budget(docs: list[Document], max_bytes: int, salt: str) -> list[Docu
     return sorted(kept, key=lambda d: d.id)
 
 
+def relative_locator(spec: SourceSpec, locator: str) -> str:
+    """The locator with the source root removed, so ids (and with them the split) do not
+    depend on where the files live: 'json/decoder.py', not '/usr/lib/python3.11/json/decoder.py'."""
+    root = Path(spec.root).expanduser().as_posix().rstrip("/")
+    if Path(root).is_file():
+        parent = root.rsplit("/", 1)[0]
+        return locator[len(parent) + 1:] if locator.startswith(parent + "/") else locator
+    return locator[len(root) + 1:] if locator.startswith(root + "/") else locator
+
+
 def extract_documents(scenario: Scenario, spec: SourceSpec, files: list[Path]) -> list[Document]:
     if scenario.split.cutoff:   # dated extractors keep documents on one side of the cutoff
         spec = replace(spec, options=tuple(sorted({**dict(spec.options), "cutoff": scenario.split.cutoff}.items())))
@@ -134,7 +144,7 @@ def extract_documents(scenario: Scenario, spec: SourceSpec, files: list[Path]) -
         if len(text) < scenario.min_doc_chars:
             continue
         domain = raw.domain or spec.domain
-        doc_id = f"{domain}:{raw.locator}"
+        doc_id = f"{domain}:{spec.id}/{relative_locator(spec, raw.locator)}"
         seen[doc_id] = seen.get(doc_id, 0) + 1
         if seen[doc_id] > 1:
             doc_id = f"{doc_id}~{seen[doc_id]}"

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Document:
-    id: str                    # stable id, "<domain>:<locator>", e.g. "code:/usr/lib/python3.11/json/decoder.py"
+    id: str                    # "<domain>:<source id>/<path under the source root>[@entry]",
+                               # e.g. "code:python-stdlib/json/decoder.py"
     text: str
     domain: str                # "prose", "code", "law", ...
     source: str                # the file it was extracted from
