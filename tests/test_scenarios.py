@@ -335,6 +335,27 @@ def test_data_build_and_list_commands(env):
     (env["src"] / "b").rename(env["src"] / "b-gone")
     forget_loaded()
     listed = json.loads(runner.invoke(data, ["list", "--json"]).output)
-    assert listed[1]["sources"] == "missing" and "fixture-beta" in listed[1]["missing"]
-    result = runner.invoke(data, ["build", "beta"])
+    # beta's sources are gone but the same recipe's build is in the cache: a snapshot
+    assert listed[1]["sources"] == "snapshot" and "fixture-beta" in listed[1]["missing"]
+    assert listed[1]["splits"] == {s: {"documents": v["documents"], "text_bytes": v["text_bytes"]}
+                                   for s, v in summary[1]["splits"].items()}
+    result = runner.invoke(data, ["build", "beta", "--force"])
     assert isinstance(result.exception, BadInput) and "apt-get install fixture-beta" in str(result.exception)
+    (env["sdir"] / "beta.toml").write_text((env["sdir"] / "beta.toml").read_text().replace("version = 1", "version = 3"))
+    forget_loaded()
+    listed = json.loads(runner.invoke(data, ["list", "--json"]).output)
+    assert listed[1]["sources"] == "missing" and listed[1]["splits"] is None
+
+
+def test_snapshot_serves_a_machine_without_the_sources(env):
+    built = {s: S.documents("alpha", s) for s in ("train", "dev", "test")}
+    (env["src"] / "a").rename(env["src"] / "a-gone")
+    forget_loaded()
+    assert {s: S.documents("alpha", s) for s in ("train", "dev", "test")} == built
+    assert S.build("alpha")[0].snapshot
+    # a different recipe has no snapshot: the missing package is named
+    path = env["sdir"] / "alpha.toml"
+    path.write_text(path.read_text().replace("version = 1", "version = 2"))
+    forget_loaded()
+    with pytest.raises(BadInput, match="apt-get install fixture-alpha"):
+        S.documents("alpha", "test")

@@ -75,7 +75,7 @@ def build(scenarios: tuple[str, ...], force: bool, as_json: bool) -> None:
 def list_rows() -> list[dict]:
     """One row per scenario: sources present, and per-split documents/bytes if built."""
     from drift_cli.scenarios import load_scenario, scenario_names
-    from drift_cli.scenarios.build import cached_manifests
+    from drift_cli.scenarios.build import cached_manifests, latest_build
 
     rows = []
     for name in scenario_names():
@@ -83,12 +83,15 @@ def list_rows() -> list[dict]:
         row = {"scenario": name, "version": sc.version, "description": sc.description,
                "components": list(sc.components), "sources": "present", "missing": None, "splits": None}
         leaves = [load_scenario(c) for c in sc.components] if sc.components else [sc]
-        try:
-            manifests = [cached_manifests(leaf) for leaf in leaves]
-        except BadInput as e:
-            row["sources"], row["missing"] = "missing", str(e)
-            rows.append(row)
-            continue
+        manifests = []
+        for leaf in leaves:
+            try:
+                manifests.append(cached_manifests(leaf))
+            except BadInput as e:
+                snapshot = latest_build(leaf)
+                row["sources"] = "snapshot" if snapshot and row["sources"] != "missing" else "missing"
+                row["missing"] = str(e)
+                manifests.append(snapshot.manifests if snapshot else None)
         if all(m is not None for m in manifests):
             row["splits"] = {s: {"documents": sum(m[s]["documents"] for m in manifests),
                                  "text_bytes": sum(m[s]["text_bytes"] for m in manifests)} for s in SPLITS}
@@ -103,7 +106,8 @@ def _mb(n: int) -> str:
 @data.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def list_(as_json: bool) -> None:
-    """Show every scenario: version, whether its sources are installed, documents/bytes per split."""
+    """Show every scenario: version, whether its sources are installed (or only a cached
+    snapshot of the same recipe is), documents/bytes per split."""
     rows = list_rows()
     if as_json:
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
@@ -118,10 +122,10 @@ def list_(as_json: bool) -> None:
         if r["splits"]:
             cells = [f"{r['splits'][s]['documents']} / {_mb(r['splits'][s]['text_bytes'])}" for s in SPLITS]
         else:
-            cells = ["not built (drift data build)" if r["sources"] == "present" else "-", "", ""]
+            cells = ["not built (drift data build)" if r["sources"] != "missing" else "-", "", ""]
         name = r["scenario"] + (f" ({'+'.join(r['components'])})" if r["components"] else "")
-        table.add_row(name, str(r["version"]), "[green]present[/]" if r["sources"] == "present" else "[red]missing[/]",
-                      *cells)
+        status = {"present": "[green]present[/]", "snapshot": "[yellow]snapshot[/]"}.get(r["sources"], "[red]missing[/]")
+        table.add_row(name, str(r["version"]), status, *cells)
     console = Console()
     console.print(table)
     for r in rows:

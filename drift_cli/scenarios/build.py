@@ -22,7 +22,7 @@ from typing import Callable
 
 from drift_cli.scenarios.cleaning import content_sha256, normalise_text, normalised_sha256, truncate_at_line
 from drift_cli.scenarios.document import Document
-from drift_cli.scenarios.extractors import EXTRACTORS, list_files, missing_source
+from drift_cli.scenarios.extractors import EXTRACTORS, MissingSource, list_files, missing_source
 from drift_cli.scenarios.schema import SPLITS, Scenario, SourceSpec, SplitRule
 
 # Bump when extractor or cleaning code changes what the same bytes produce.
@@ -243,6 +243,7 @@ class ScenarioBuild:
     built: bool                                 # the split files were (re)written
     sources_built: list[str] = field(default_factory=list)   # source ids extracted afresh
     directory: Path | None = None
+    snapshot: bool = False                      # read from the cache while a source is missing
 
 
 # recipe sha256 -> build, for the life of the process (source files are assumed not to change
@@ -258,10 +259,17 @@ def build_scenario(scenario: Scenario, force: bool = False,
     if not force and memo in _LOADED:      # loaded earlier in this process
         return _LOADED[memo]
     sources = []
-    for spec in scenario.sources:
-        sources.append(build_source(scenario, spec, force))
-        if on_source:
-            on_source(sources[-1])
+    try:
+        for spec in scenario.sources:
+            sources.append(build_source(scenario, spec, force))
+            if on_source:
+                on_source(sources[-1])
+    except MissingSource:
+        snapshot = latest_build(scenario)
+        if snapshot is None or force:
+            raise
+        _LOADED[memo] = snapshot
+        return snapshot
     key = _json_key({"recipe": scenario.recipe(), "sources": [s.key for s in sources]})
     directory = cache_root() / "splits" / scenario.name / key
     fresh = [s.spec.id for s in sources if s.built]
@@ -281,8 +289,31 @@ def build_scenario(scenario: Scenario, force: bool = False,
             write_atomic(directory / f"manifest-{split}.json",
                          (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
         result = ScenarioBuild(scenario, key, splits, manifests, True, fresh, directory)
+    latest = {"recipe_sha256": memo, "key": key}
+    latest_path = directory.parent / "latest.json"
+    if not latest_path.exists() or json.loads(latest_path.read_text()) != latest:
+        write_atomic(latest_path, (json.dumps(latest, sort_keys=True) + "\n").encode())
     _LOADED[memo] = result
     return result
+
+
+def latest_build(scenario: Scenario) -> ScenarioBuild | None:
+    """The last build of this exact recipe, for machines without the OS packages (a GPU box
+    that received the cache dir): used only when a source is missing, marked `snapshot`."""
+    latest_path = cache_root() / "splits" / scenario.name / "latest.json"
+    if not latest_path.exists():
+        return None
+    latest = json.loads(latest_path.read_text())
+    directory = latest_path.parent / latest["key"]
+    names = [f"{s}.jsonl" for s in SPLITS] + [f"manifest-{s}.json" for s in SPLITS]
+    if latest["recipe_sha256"] != scenario.recipe_sha256() or not all((directory / n).exists() for n in names):
+        return None
+    splits = {s: _read_jsonl(directory / f"{s}.jsonl") for s in SPLITS}
+    manifests = {s: json.loads((directory / f"manifest-{s}.json").read_text()) for s in SPLITS}
+    for s, m in manifests.items():   # the snapshot must be the bytes its manifest describes
+        if _sha256_hex(_jsonl_bytes(splits[s])) != m["sha256"]:
+            return None
+    return ScenarioBuild(scenario, latest["key"], splits, manifests, False, [], directory, snapshot=True)
 
 
 def forget_loaded() -> None:

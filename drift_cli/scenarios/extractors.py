@@ -69,13 +69,17 @@ def list_files(spec: SourceSpec) -> list[Path]:
     return select(spec, root, keep) if select else keep
 
 
-def missing_source(scenario: str, spec: SourceSpec) -> BadInput:
+class MissingSource(BadInput):
+    """A scenario's source files are not on this machine (names the OS package)."""
+
+
+def missing_source(scenario: str, spec: SourceSpec) -> MissingSource:
     where = f"{spec.root} ({', '.join(spec.include)})"
     if spec.package:
-        return BadInput(f"scenario '{scenario}': source '{spec.id}' not found at {where}; "
+        return MissingSource(f"scenario '{scenario}': source '{spec.id}' not found at {where}; "
                         f"it is provided by the OS package '{spec.package}' "
                         f"(apt-get install {spec.package}, or run scripts/install-data-deps.sh)")
-    return BadInput(f"scenario '{scenario}': source '{spec.id}' not found at {where}")
+    return MissingSource(f"scenario '{scenario}': source '{spec.id}' not found at {where}")
 
 
 def read_bytes(path: Path) -> bytes:
