@@ -1,0 +1,141 @@
+"""`osd`: online speculative decoding — the draft distilled online from verification feedback.
+
+A private copy of the draft is trained while the stream runs (Liu et al., OSD). At every
+verification step the positions where the draft was wrong (or all drafted positions) enter a
+bounded FIFO buffer with their context and the target's distribution from the verification pass.
+Every U verification steps a few AdamW steps run on batches sampled from the buffer, then the
+draft's KV cache is rebuilt for the current context (one re-prefill: the cached keys/values were
+computed with the old weights). All of it runs in `observe`, so the engine times it as the
+iteration's adaptation: the update iterations are the latency spikes in `p99_step_ms`.
+The shared draft is never touched; `begin_stream` restores the copy to it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import click
+import torch
+
+from drift_cli.methods.base import Feedback, MethodContext, ModelDraftPolicy
+from drift_cli.osd.buffer import ReplayBuffer, entries_from_feedback, target_temperature
+from drift_cli.osd.config import OSDConfig
+from drift_cli.osd.trainer import DraftTrainer, UpdateStats, now_ms
+
+_D = OSDConfig()
+
+
+class OnlineDistillation(ModelDraftPolicy):
+    name = "osd"
+    description = "online speculative decoding: AdamW distillation of the draft from a replay buffer of verification feedback"
+    # --divergence is declared by `offline` and shared (FKL default, as OSD's online path).
+    cli_options = [
+        click.Option(["--osd-interval"], type=float, default=None,
+                     help=f"OSD: update after every U verification steps; inf = never [default {int(_D.interval)}]"),
+        click.Option(["--osd-steps"], type=int, default=None, help=f"OSD: AdamW steps per update [default {_D.steps}]"),
+        click.Option(["--osd-batch"], type=int, default=None, help=f"OSD: buffered positions per AdamW step [default {_D.batch}]"),
+        click.Option(["--osd-lr"], type=float, default=None, help=f"OSD: AdamW learning rate [default {_D.lr:g}]"),
+        click.Option(["--osd-clip"], type=float, default=None, help=f"OSD: max gradient norm, 0 = off [default {_D.clip:g}]"),
+        click.Option(["--osd-buffer"], type=int, default=None, help=f"OSD: replay buffer capacity in positions [default {_D.buffer}]"),
+        click.Option(["--osd-topk"], type=int, default=None,
+                     help=f"OSD: target probabilities kept per position, 0 = full distribution [default {_D.topk}]"),
+        click.Option(["--osd-all-positions"], is_flag=True, default=None,
+                     help="OSD: buffer every drafted position, not only the rejected one"),
+    ]
+
+    def __init__(self, draft: torch.nn.Module, cfg: OSDConfig = OSDConfig(), seed: int = 0) -> None:
+        self.shared = draft                                   # read only: the reset point of every stream
+        student = copy.deepcopy(draft)
+        student.requires_grad_(True)
+        super().__init__(student)
+        self.student, self.cfg, self.seed = student, cfg.validate(), seed
+        self.device = self.lm.device
+        self._fresh_state()
+
+    @classmethod
+    def build(cls, ctx: MethodContext) -> "OnlineDistillation":
+        from drift_cli.errors import BadInput
+
+        if ctx.draft is None:
+            raise BadInput("method osd needs a draft model")
+        return cls(ctx.draft, OSDConfig.from_options(ctx.options), seed=ctx.seed)
+
+    def _fresh_state(self) -> None:
+        self.buffer = ReplayBuffer(self.cfg.buffer)
+        self.trainer = DraftTrainer(self.student, self.cfg)
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.stats = UpdateStats()
+        self._committed: torch.Tensor | None = None
+
+    # -- stream / prompt -----------------------------------------------------------------------
+
+    def begin_stream(self) -> None:
+        """Every stream starts from the shared draft: restore the copy, empty buffer and optimizer."""
+        with torch.no_grad():
+            for mine, theirs in zip(self.student.parameters(), self.shared.parameters(), strict=True):
+                mine.copy_(theirs)
+        self._fresh_state()
+
+    def commit(self, context: torch.Tensor) -> None:
+        super().commit(context)
+        self._committed = context                              # [B, L'] for the re-prefill after an update
+
+    # -- adaptation ----------------------------------------------------------------------------
+
+    def observe(self, feedback: Feedback) -> None:
+        if self.cfg.frozen:
+            return                                             # nothing would ever read the buffer
+        self.buffer.extend(entries_from_feedback(feedback, self.cfg.topk, self.cfg.all_positions))
+        if self.cfg.due(feedback.step) and len(self.buffer):
+            self._update(target_temperature(feedback))
+
+    def _update(self, temperature: float) -> None:
+        t0 = now_ms(self.device)
+        loss, norm, grad_bytes = self.trainer.update(self.buffer, temperature, self.generator)
+        t1 = now_ms(self.device)
+        self._rebuild_cache()
+        t2 = now_ms(self.device)
+        s = self.stats
+        s.updates += 1
+        s.train_ms.append(t1 - t0)
+        s.rebuild_ms.append(t2 - t1)
+        s.loss.append(loss)
+        s.grad_norm.append(norm)
+        s.gradient_bytes = max(s.gradient_bytes, grad_bytes)
+
+    def _rebuild_cache(self) -> None:
+        """Re-prefill the draft cache with the committed sequence minus its last token (the
+        `ModelDraftPolicy` cache invariant) under the new weights."""
+        self.lm.reset()
+        if self._committed is not None and self._committed.shape[1] > 1:
+            self.lm.forward(self._committed[:, :-1])
+
+    # -- figures -------------------------------------------------------------------------------
+
+    def report(self) -> dict[str, Any]:
+        s = self.stats
+        update_ms = [a + b for a, b in zip(s.train_ms, s.rebuild_ms, strict=True)]
+        params = sum(p.nbytes for p in self.student.parameters())
+        optimizer = self.trainer.state_bytes()
+        buffer = self.buffer.nbytes
+        return {
+            "config": self.cfg.to_json(),
+            "updates": s.updates,
+            "update_ms_total": sum(update_ms),
+            "update_ms_mean": sum(update_ms) / len(update_ms) if update_ms else 0.0,
+            "update_ms_max": max(update_ms, default=0.0),
+            "train_ms_total": sum(s.train_ms),
+            "rebuild_ms_total": sum(s.rebuild_ms),
+            "loss_per_update": s.loss,
+            "grad_norm_per_update": s.grad_norm,
+            "buffer_entries": len(self.buffer),
+            "buffer_added": self.buffer.added,
+            "buffer_bytes": buffer,
+            "draft_copy_bytes": params,
+            "optimizer_state_bytes": optimizer,
+            "gradient_bytes": s.gradient_bytes,
+            # Memory osd holds beyond vanilla: its own draft copy, AdamW moments, the buffer, and
+            # the gradients while an update runs (peak, not resident between updates).
+            "memory_bytes": params + optimizer + buffer + s.gradient_bytes,
+        }

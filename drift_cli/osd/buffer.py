@@ -1,0 +1,99 @@
+"""The replay buffer: (context, target distribution) pairs taken from verification feedback.
+
+Alignment. The draft's prediction for token x_t is made from the context x_0..x_{t-1}: its
+logits at the *last* context position. A buffered position therefore stores the context that
+ends just before the drafted token (committed ids plus the drafted tokens before it) and the
+target's distribution for that same token, `Feedback.target_logits[:, j]` for drafted slot j.
+The trainer reads the draft's logits at `ids[-1]`, which are exactly the logits that proposed
+the token (the public OSD LLaMA path reads them one position later; we do not).
+
+The target is never re-run: its distribution is copied out of the verification pass, kept as
+its top-K log-probabilities (renormalised over the support at training time) or in full.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from drift_cli.methods.base import Feedback
+
+
+@dataclass
+class BufferEntry:
+    ids: torch.Tensor                 # [L] int64: the context whose last position predicts the token
+    logprobs: torch.Tensor            # [K] (top-K) or [V] (full) fp32 target log-probs at the decode temperature
+    support: torch.Tensor | None      # [K] int64 token ids of the top-K support; None = full distribution
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.support is None else self.support.nbytes
+        return self.ids.nbytes + self.logprobs.nbytes + extra
+
+
+def buffered_slots(accepted: int, k: int, all_positions: bool) -> range:
+    """Drafted slots j (0-based) to buffer: the rejected one (slot `accepted`, if any), or all k."""
+    if all_positions:
+        return range(k)
+    return range(accepted, accepted + 1) if accepted < k else range(0)
+
+
+def target_temperature(feedback: Feedback) -> float:
+    """Distributions are matched at the decode temperature (T = 1 for greedy decoding)."""
+    return 1.0 if feedback.sampler.greedy else feedback.sampler.temperature
+
+
+@torch.no_grad()
+def entries_from_feedback(feedback: Feedback, topk: int, all_positions: bool) -> list[BufferEntry]:
+    """The buffer entries one verification step yields. Copies (clones) everything it keeps:
+    the feedback's tensors come out of inference mode and the engine reuses nothing of ours."""
+    prop = feedback.proposal
+    temp = target_temperature(feedback)
+    out: list[BufferEntry] = []
+    for b in range(prop.tokens.shape[0]):
+        for j in buffered_slots(int(feedback.accepted[b]), prop.k, all_positions):
+            ids = torch.cat([feedback.context[b], prop.tokens[b, :j]]).clone()     # [L + j]
+            logp = torch.log_softmax(feedback.target_logits[b, j].float() / temp, dim=-1)  # [V]
+            if 0 < topk < logp.shape[-1]:
+                vals, idx = logp.topk(topk)
+                out.append(BufferEntry(ids, vals.clone(), idx.clone()))
+            else:
+                out.append(BufferEntry(ids, logp.clone(), None))
+    return out
+
+
+def dense_target(entries: list[BufferEntry], vocab: int) -> torch.Tensor:
+    """[N, V] target log-probs; a top-K entry is renormalised over its support (-inf elsewhere)."""
+    rows = []
+    for e in entries:
+        if e.support is None:
+            rows.append(e.logprobs)
+            continue
+        row = torch.full((vocab,), float("-inf"), dtype=e.logprobs.dtype, device=e.logprobs.device)
+        rows.append(row.scatter(0, e.support, e.logprobs - torch.logsumexp(e.logprobs, 0)))
+    return torch.stack(rows)
+
+
+class ReplayBuffer:
+    """Bounded FIFO of buffer entries; uniform sampling without replacement."""
+
+    def __init__(self, capacity: int) -> None:
+        self.entries: deque[BufferEntry] = deque(maxlen=capacity)
+        self.added = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def extend(self, entries: list[BufferEntry]) -> None:
+        self.entries.extend(entries)
+        self.added += len(entries)
+
+    def sample(self, n: int, generator: torch.Generator) -> list[BufferEntry]:
+        picks = torch.randperm(len(self.entries), generator=generator)[:n].tolist()
+        return [self.entries[i] for i in picks]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.entries)

@@ -1,0 +1,107 @@
+"""The OSD update: a few AdamW steps on the draft copy over batches sampled from the buffer.
+
+Packing. Buffered contexts from one prompt are prefixes of each other (the rejected position's
+context is a prefix of the committed sequence), so a batch packs every context that is a prefix
+of a longer one into that one's row: one forward pass per distinct sequence, right-padded (the
+causal mask keeps padding out of every position that is read). Positions start at 0 as in the
+engine's KV-cached forward. Only the read positions go through `lm_head`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from drift_cli.divergence import divergence
+from drift_cli.osd.buffer import BufferEntry, ReplayBuffer, dense_target
+from drift_cli.osd.config import OSDConfig
+
+
+@dataclass
+class PackedBatch:
+    ids: torch.Tensor   # [R, S] int64, right-padded with 0; R distinct sequences
+    row: torch.Tensor   # [N] int64: the row holding entry i's context
+    col: torch.Tensor   # [N] int64: the last position of entry i's context (its logits predict the token)
+
+
+def pack(entries: list[BufferEntry]) -> PackedBatch:
+    order = sorted(range(len(entries)), key=lambda i: -entries[i].ids.shape[0])
+    seqs: list[torch.Tensor] = []
+    row = [0] * len(entries)
+    for i in order:
+        ids = entries[i].ids
+        n = ids.shape[0]
+        r = next((r for r, s in enumerate(seqs) if torch.equal(s[:n], ids)), None)
+        if r is None:
+            seqs.append(ids)
+            r = len(seqs) - 1
+        row[i] = r
+    width = seqs[0].shape[0]
+    padded = torch.zeros(len(seqs), width, dtype=torch.long, device=seqs[0].device)
+    for r, s in enumerate(seqs):
+        padded[r, : s.shape[0]] = s
+    col = [e.ids.shape[0] - 1 for e in entries]
+    dev = padded.device
+    return PackedBatch(padded, torch.tensor(row, device=dev), torch.tensor(col, device=dev))
+
+
+def logits_at(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """The model's raw logits [N, V] (fp32) at each entry's last context position, with gradients."""
+    s = batch.ids.shape[1]
+    pos = torch.arange(s, device=batch.ids.device).unsqueeze(0).expand(batch.ids.shape[0], -1)
+    hidden = model.get_decoder()(input_ids=batch.ids, position_ids=pos, use_cache=False).last_hidden_state
+    return model.get_output_embeddings()(hidden[batch.row, batch.col]).float()   # [N, d] -> [N, V]
+
+
+def batch_loss(model: torch.nn.Module, entries: list[BufferEntry], kind: str, temperature: float) -> torch.Tensor:
+    """divergence(target p, draft q) averaged over the entries, both at the decode temperature."""
+    logits = logits_at(model, pack(entries)) / temperature                          # [N, V]
+    return divergence(kind, dense_target(entries, logits.shape[-1]), logits)
+
+
+@dataclass
+class UpdateStats:
+    updates: int = 0
+    train_ms: list[float] = field(default_factory=list)     # per update: the AdamW steps
+    rebuild_ms: list[float] = field(default_factory=list)   # per update: the draft KV re-prefill
+    loss: list[float] = field(default_factory=list)         # per update: mean loss over its steps (before each step)
+    grad_norm: list[float] = field(default_factory=list)    # per update: mean pre-clip gradient norm
+    gradient_bytes: int = 0                                 # gradient buffers alive during an update
+
+
+class DraftTrainer:
+    """AdamW on every parameter of the (private) draft copy."""
+
+    def __init__(self, model: torch.nn.Module, cfg: OSDConfig) -> None:
+        self.model, self.cfg = model, cfg
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def update(self, buffer: ReplayBuffer, temperature: float, generator: torch.Generator) -> tuple[float, float, int]:
+        """cfg.steps AdamW steps; returns (mean loss, mean pre-clip grad norm, gradient bytes)."""
+        losses, norms, grad_bytes = [], [], 0
+        for _ in range(self.cfg.steps):
+            entries = buffer.sample(self.cfg.batch, generator)
+            loss = batch_loss(self.model, entries, self.cfg.divergence, temperature)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            max_norm = self.cfg.clip if self.cfg.clip > 0 else float("inf")
+            norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, max_norm)))
+            grad_bytes = max(grad_bytes, sum(p.grad.nbytes for p in self.params if p.grad is not None))
+            self.optimizer.step()
+            losses.append(float(loss.detach()))
+        self.optimizer.zero_grad(set_to_none=True)   # gradients live only during an update
+        return sum(losses) / len(losses), sum(norms) / len(norms), grad_bytes
+
+    def state_bytes(self) -> int:
+        """Optimizer state actually allocated (AdamW: exp_avg + exp_avg_sq per parameter, + step)."""
+        return sum(t.nbytes for s in self.optimizer.state.values() for t in s.values() if torch.is_tensor(t))
+
+
+def now_ms(device: torch.device) -> float:
+    """Wall clock after a device sync (updates are rare; their cost must be measured whole)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() * 1e3
