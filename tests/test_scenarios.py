@@ -359,3 +359,43 @@ def test_snapshot_serves_a_machine_without_the_sources(env):
     forget_loaded()
     with pytest.raises(BadInput, match="apt-get install fixture-alpha"):
         S.documents("alpha", "test")
+
+
+# ---- Hugging Face datasets (local: no hub here) ------------------------------------------------
+
+def _hf_scenario(env, name: str, source: str) -> None:
+    (env["sdir"] / f"{name}.toml").write_text(textwrap.dedent(f"""
+        version = 1
+        description = "a Hugging Face dataset"
+        domain = "hf"
+        [split]
+        train = 0.5
+        dev = 0.25
+        test = 0.25
+        [[sources]]
+        id = "ds"
+        extractor = "hf_dataset"
+        licence = "CC0"
+    """) + source)
+
+
+def test_hf_dataset_saved_to_disk_and_json_builder(env, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [prose(i, 40) for i in range(200)]
+    datasets.Dataset.from_dict({"text": rows, "n": list(range(200))}).save_to_disk(str(tmp_path / "saved"))
+    (tmp_path / "rows.json").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
+    _hf_scenario(env, "hfdisk", f'root = "{tmp_path / "saved"}"\n')
+    _hf_scenario(env, "hfjson", f'root = "{tmp_path}"\ninclude = ["rows.json"]\noptions = {{ builder = "json" }}\n')
+    disk = {s: S.documents("hfdisk", s) for s in ("train", "dev", "test")}
+    as_json = {s: S.documents("hfjson", s) for s in ("train", "dev", "test")}
+    assert all(disk[s] for s in disk)
+    # the same records in the same order give the same documents (ids, and so splits, differ)
+    assert sorted(d.text for v in disk.values() for d in v) == sorted(d.text for v in as_json.values() for d in v)
+    joined = " ".join(d.text for d in sorted((d for v in disk.values() for d in v), key=lambda d: d.id))
+    assert joined.split() == " ".join(rows).split()
+    assert len(S.build_stream("hfdisk", "test", ByteTokenizer(), max_prompts=3).prompts) == 3
+    m = S.build("hfdisk")[0].manifests["test"]
+    assert m["sources"][0]["documents"] == len(disk["test"]) and m["sources"][0]["files"]
+    _hf_scenario(env, "hfcol", f'root = "{tmp_path / "saved"}"\noptions = {{ text_field = "body" }}\n')
+    with pytest.raises(BadInput, match="dataset has no column 'body' \\(columns: text, n\\)"):
+        S.documents("hfcol", "test")

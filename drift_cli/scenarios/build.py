@@ -162,11 +162,20 @@ def _jsonl_bytes(docs: list[Document]) -> bytes:
     return "".join(json.dumps(d.to_json(), ensure_ascii=False, sort_keys=True) + "\n" for d in docs).encode()
 
 
-def build_source(scenario: Scenario, spec: SourceSpec, force: bool = False) -> SourceBuild:
+def _source_files(scenario: Scenario, spec: SourceSpec) -> tuple[list[Path], list[FileRecord]]:
+    if spec.extractor == "hf_dataset" and spec.option("name"):
+        # a dataset on the hub has no local bytes to hash: it is keyed by name, config and
+        # revision (pin `revision` for a reproducible split)
+        pin = f"{spec.option('config')}@{spec.option('revision')}"
+        return [], [FileRecord(f"hf://{spec.option('name')}", 0, pin)]
     paths = list_files(spec)
     if not paths:
         raise missing_source(scenario.name, spec)
-    files = [file_record(p) for p in paths]
+    return paths, [file_record(p) for p in paths]
+
+
+def build_source(scenario: Scenario, spec: SourceSpec, force: bool = False) -> SourceBuild:
+    paths, files = _source_files(scenario, spec)
     key = source_key(scenario, spec, files)
     cached = cache_root() / "sources" / f"{key}.jsonl"
     if cached.exists() and not force:
@@ -219,11 +228,14 @@ def split_manifest(scenario: Scenario, key: str, split: str, docs: list[Document
         by_file[d.source] = by_file.get(d.source, 0) + 1
     entries = []
     for sb in sources:
-        files = [{"path": f.path, "bytes": f.bytes, "sha256": f.sha256, "documents": by_file[f.path]}
-                 for f in sb.files if f.path in by_file]
+        own = sum(1 for d in docs if d.id.split(":", 1)[1].split("/", 1)[0] == sb.spec.id)
+        # documents map to files, except for a dataset directory (all its files are listed)
+        per_file = any(f.path in by_file for f in sb.files)
+        files = [{"path": f.path, "bytes": f.bytes, "sha256": f.sha256, "documents": by_file.get(f.path, 0)}
+                 for f in sb.files if f.path in by_file or not per_file]
         entries.append({"id": sb.spec.id, "package": sb.spec.package, "licence": sb.spec.licence,
                         "extractor": sb.spec.extractor, "root": sb.spec.root, "source_key": sb.key,
-                        "documents": sum(f["documents"] for f in files), "files": files})
+                        "documents": own, "files": files})
     return {
         "scenario": scenario.name, "version": scenario.version, "split": split,
         "scenario_key": key, "recipe_sha256": scenario.recipe_sha256(),
@@ -330,12 +342,7 @@ def cached_manifests(scenario: Scenario) -> dict[str, dict] | None:
     """The manifests of the current build if it is in the cache, else None (nothing is
     extracted; source files are listed and hashed to find the key). BadInput if a source is
     missing."""
-    keys = []
-    for spec in scenario.sources:
-        paths = list_files(spec)
-        if not paths:
-            raise missing_source(scenario.name, spec)
-        keys.append(source_key(scenario, spec, [file_record(p) for p in paths]))
+    keys = [source_key(scenario, spec, _source_files(scenario, spec)[1]) for spec in scenario.sources]
     key = _json_key({"recipe": scenario.recipe(), "sources": keys})
     directory = cache_root() / "splits" / scenario.name / key
     files = [directory / f"manifest-{s}.json" for s in SPLITS]

@@ -349,27 +349,39 @@ def jsonl(spec: SourceSpec, files: list[Path]) -> Iterator[RawDoc]:
                          record.get("date") if isinstance(record.get("date"), str) else None)
 
 
-@extractor("hf_dataset")
-def hf_dataset(spec: SourceSpec, files: list[Path]) -> Iterator[RawDoc]:
-    """A Hugging Face dataset: a directory saved with `save_to_disk` (root), or, with
-    options.builder (e.g. "json"), `datasets.load_dataset(builder, data_files=<files>)`.
-    options: split (default "train"), text_field (default "text")."""
+def load_hf_dataset(spec: SourceSpec, files: list[Path]):
+    """The `datasets.Dataset` a source names: options.name (from the hub: needs network),
+    options.builder (e.g. "json") over the source files, or a `save_to_disk` directory (root)."""
     try:
         import datasets
     except ImportError:
         raise BadInput(f"source '{spec.id}' needs the Python package 'datasets' "
                        "(pip install datasets)") from None
     split = spec.option("split", "train")
-    field_name = spec.option("text_field", "text")
-    builder = spec.option("builder")
-    if builder:
-        ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split=split)
-    else:
+    name, builder = spec.option("name"), spec.option("builder")
+    try:
+        if name:
+            return datasets.load_dataset(name, spec.option("config"), split=split,
+                                         revision=spec.option("revision"))
+        if builder:
+            return datasets.load_dataset(builder, data_files=[str(f) for f in files], split=split)
         ds = datasets.load_from_disk(spec.root)
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds[split]
+        return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+    except (OSError, ValueError, KeyError, ConnectionError) as e:
+        what = f"Hugging Face dataset '{name}'" if name else f"dataset at {spec.root}"
+        raise BadInput(f"source '{spec.id}': cannot load {what}: {str(e).splitlines()[0][:200]}") from None
+
+
+@extractor("hf_dataset")
+def hf_dataset(spec: SourceSpec, files: list[Path]) -> Iterator[RawDoc]:
+    """Records of a Hugging Face dataset (see load_hf_dataset); options: split (default
+    "train"), text_field (default "text"), chunk_chars (default 2000: consecutive records are
+    grouped, since many datasets hold one line or paragraph per record)."""
+    ds = load_hf_dataset(spec, files)
+    field_name = spec.option("text_field", "text")
     if field_name not in ds.column_names:
-        raise BadInput(f"dataset at {spec.root}: no column '{field_name}' (has {', '.join(ds.column_names)})")
-    for i, text in enumerate(ds[field_name]):
-        if isinstance(text, str):
-            yield RawDoc(f"{spec.root}#{i:07d}", text, spec.root)
+        raise BadInput(f"source '{spec.id}': dataset has no column '{field_name}' "
+                       f"(columns: {', '.join(ds.column_names)})")
+    where = f"hf://{spec.option('name')}" if spec.option("name") else spec.root
+    records = ((f"{i:07d}", t) for i, t in enumerate(ds[field_name]) if isinstance(t, str) and t.strip())
+    yield from chunk_entries(records, int(spec.option("chunk_chars", 2000)), where)
