@@ -1,0 +1,236 @@
+"""`drift ablate --sweep AXIS`: one DRIFT knob swept on one prompt stream.
+
+`ar` and `vanilla` run once (the speedup baseline and the no-memory reference); then `drift`
+runs once per value of the axis with every other knob at its configured value. The run is
+saved like a bench run (`results/<scenario>/<run-id>/run.json`, `steps.jsonl`, the bench plots)
+plus `ablation-<axis>.png` (acceptance and speedup per value) and an `ablation` block in
+run.json; `--json` prints run.json.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from drift_cli.cli import ProgressCallback, decode_options, emit, model_options, rich_progress
+from drift_cli.errors import BadInput
+from drift_cli.methods.drift import DriftMethod
+from drift_cli.registry import unknown
+
+
+@dataclass(frozen=True)
+class Axis:
+    option: str                       # DriftConfig field / click parameter name
+    parse: Callable[[str], Any]
+    values: tuple                     # the default sweep
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "on", "yes"):
+        return True
+    if low in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(text)
+
+
+AXES: dict[str, Axis] = {
+    "lambda": Axis("gain", float, (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5)),
+    "eta": Axis("eta", float, (0.02, 0.05, 0.1, 0.2, 0.4)),
+    "tau": Axis("tau", float, (0.5, 0.7, 0.8, 0.9, 0.95)),
+    "bank-size": Axis("bank_size", int, (256, 1024, 2048, 4096, 8192)),
+    "support": Axis("support", int, (8, 16, 32, 64, 0)),
+    "neighbors": Axis("neighbors", int, (1, 2, 4, 8)),
+    "sigma": Axis("sigma", float, (0.1, 0.25, 0.5, 1.0)),
+    "adaptive-rate": Axis("adaptive_rate", _bool, (True, False)),
+    "key": Axis("key", str, ("draft", "target-est")),
+}
+
+
+def sweep_values(axis: str, values: str | None) -> tuple[Axis, list]:
+    if axis not in AXES:
+        raise unknown("ablation axis", axis, AXES)
+    ax = AXES[axis]
+    if values is None:
+        return ax, list(ax.values)
+    out = []
+    for text in values.split(","):
+        try:
+            out.append(ax.parse(text.strip()))
+        except ValueError:
+            raise BadInput(f"--values: {text.strip()!r} is not a valid value for axis {axis}") from None
+    if not out:
+        raise BadInput("--values is empty")
+    return ax, out
+
+
+def label(axis: str, value) -> str:
+    return f"drift[{axis}={value}]"
+
+
+def run_ablation(cfg, axis: str, values: list, progress=None) -> tuple[dict, list[dict]]:
+    """Everything `drift ablate` does except printing and writing. cfg: a BenchConfig."""
+    from drift_cli import bench
+    from drift_cli.engine.lm import CausalLM
+    from drift_cli.engine.loop import run_stream
+    from drift_cli.results import SCHEMA_VERSION, environment, new_run_id
+
+    ax = AXES[axis]
+    cfg.validate()
+    models = bench.load_models(cfg, progress)
+    stream = bench.load_stream(cfg, models.pair.tokenizer)
+    base, _ = bench.run_methods(["ar", "vanilla"], models, stream, cfg, progress)
+    runs = dict(base)
+    skipped: dict[str, str] = {}
+    target = CausalLM(models.pair.target, "target")
+    dcfg = bench.decode_config(cfg, stream, models.pair.eos_id)
+    for value in values:
+        name = label(axis, value)
+        ctx = models.context(stream.scenario, cfg)
+        ctx.options = {**cfg.options, ax.option: value, "bank_out": None}
+        try:
+            policy = DriftMethod.build(ctx)
+        except BadInput as e:
+            skipped[name] = str(e)
+            continue
+        tick = (lambda done, total, name=name: progress(f"{stream.scenario}/{name}", done, total)) if progress else None
+        runs[name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
+        if not runs[name].complete:
+            break
+    methods = bench.summarise(runs, cfg)
+    rows = [ablation_row(value, methods.get(label(axis, value)), skipped.get(label(axis, value))) for value in values]
+    run = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": new_run_id(f"ablate-{axis}"),
+        "scenario": stream.scenario,
+        "split": cfg.split,
+        "complete": all(r.complete for r in runs.values()),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+        | {"max_new_tokens": stream.max_new_tokens, "prompts": len(stream.prompts), "zoo": models.zoo_preset},
+        "env": environment(),
+        "models": {"draft": models.pair.draft_info.to_json(), "target": models.pair.target_info.to_json()},
+        "seeds": {"decode": cfg.seed},
+        "stream": {"identity": stream.identity(), "prompts": len(stream.prompts)},
+        "methods": methods,
+        "ablation": {"axis": axis, "option": ax.option, "values": values, "rows": rows,
+                     "vanilla_acceptance_rate": methods.get("vanilla", {}).get("acceptance_rate"),
+                     "vanilla_speedup": methods.get("vanilla", {}).get("speedup"), "skipped": skipped},
+    }
+    steps = [{"scope": "main", "method": m, **s.to_json()} for m, r in runs.items() for s in r.steps]
+    return run, steps
+
+
+def ablation_row(value, m: dict | None, skipped: str | None) -> dict:
+    if m is None:
+        return {"value": value, "skipped": skipped or "not run"}
+    report = m.get("report", {})
+    return {"value": value, **{k: m.get(k) for k in ("acceptance_rate", "mean_accepted_length", "speedup",
+                                                      "speedup_ci95", "overhead_pct", "convergence_steps")},
+            "memory_bytes": report.get("memory_bytes"), "prototypes": report.get("prototypes")}
+
+
+def plot_ablation(run: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ab = run["ablation"]
+    rows = [r for r in ab["rows"] if "skipped" not in r]
+    xs = [str(r["value"]) for r in rows]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    a1.plot(xs, [r["acceptance_rate"] for r in rows], marker="o", label="drift")
+    if ab.get("vanilla_acceptance_rate") is not None:
+        a1.axhline(ab["vanilla_acceptance_rate"], color="grey", ls="--", label="vanilla")
+    a1.set_xlabel(ab["axis"])
+    a1.set_ylabel("acceptance rate")
+    a1.legend()
+    a2.plot(xs, [r["speedup"] for r in rows], marker="o", label="drift")
+    if ab.get("vanilla_speedup") is not None:
+        a2.axhline(ab["vanilla_speedup"], color="grey", ls="--", label="vanilla")
+    a2.set_xlabel(ab["axis"])
+    a2.set_ylabel("speedup vs ar")
+    a2.legend()
+    fig.suptitle(f"{run['scenario']} ({run['split']}): sweep of {ab['axis']}")
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def ablation_table(run: dict):
+    from rich.table import Table
+
+    ab = run["ablation"]
+    t = Table(title=f"sweep of {ab['axis']} ({run['scenario']}, {run['split']}); vanilla α "
+                    f"{_f(ab.get('vanilla_acceptance_rate'))}, speedup {_f(ab.get('vanilla_speedup'), '{:.2f}')}",
+              title_justify="left")
+    for col in ("value", "α", "τ", "speedup", "overhead %", "conv. steps", "prototypes", "memory MiB"):
+        t.add_column(col, justify="right")
+    for r in ab["rows"]:
+        if "skipped" in r:
+            t.add_row(str(r["value"]), f"skipped: {r['skipped']}", *[""] * 6)
+            continue
+        mem = r.get("memory_bytes")
+        t.add_row(str(r["value"]), _f(r["acceptance_rate"]), _f(r["mean_accepted_length"], "{:.2f}"),
+                  _f(r["speedup"], "{:.2f}"), _f(r["overhead_pct"], "{:.2f}"), _f(r["convergence_steps"], "{}"),
+                  _f(r.get("prototypes"), "{}"), _f(None if mem is None else mem / 2**20, "{:.2f}"))
+    return t
+
+
+def _f(x, fmt: str = "{:.3f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def _drift_options(fn):
+    for opt in reversed(DriftMethod.cli_options):
+        if opt.name != "bank_out":
+            fn.__click_params__ = getattr(fn, "__click_params__", []) + [opt]
+    return fn
+
+
+@click.command()
+@click.option("--sweep", "axis", required=True, help=f"the axis: {', '.join(AXES)}")
+@click.option("--values", default=None, help="comma-separated values (default: the axis's preset sweep)")
+@click.option("--scenario", default=None, help="scenario name (default jargon)")
+@click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL")
+@model_options
+@decode_options
+@_drift_options
+def ablate(axis, values, scenario, corpus, zoo, draft, target, device, dtype, split, max_prompts, max_new_tokens, gamma,
+           temperature, top_p, seed, out, as_json, **drift_opts) -> None:
+    """Sweep one DRIFT knob on one stream (ar and vanilla run once as references)."""
+    from drift_cli.bench import BenchConfig
+    from drift_cli.results import check_writable, write_run
+
+    _, parsed = sweep_values(axis, values)
+    if scenario is None and corpus is None:
+        scenario = "jargon"
+    cfg = BenchConfig(scenario, corpus, "ar,vanilla", zoo, draft, target, split, max_prompts, max_new_tokens, gamma,
+                      temperature, top_p, seed, device, dtype, out, False, drift_opts)
+    cfg.validate()
+    check_writable(out)
+    with rich_progress() as progress:
+        run, steps = run_ablation(cfg, axis, parsed, ProgressCallback(progress))
+    path = write_run(out, run, steps)
+    plot_ablation(run, path / f"ablation-{axis}.png")
+    if as_json:
+        emit(run, True)
+    else:
+        from drift_cli.cli import stdout_console  # defined after the command modules load
+
+        console = stdout_console()
+        console.print(f"→ {path}")
+        console.print(ablation_table(run))
+    if not run["complete"]:
+        sys.exit(130)

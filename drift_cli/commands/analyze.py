@@ -1,0 +1,247 @@
+"""`drift analyze residuals`: is the draft's error under shift systematic and low rank?
+
+Runs `vanilla` (the static draft) on a stream and, at every rejected position (the first
+rejection of each iteration), records the residual r = log p - log q between the target's and
+the draft's distributions (temperature 1) over the whole vocabulary. The stacked residuals
+[R, V] are decomposed (singular values, uncentred and centred); the report gives the share of
+energy (Σσ²) captured by the top 16 directions and the effective rank. With `--with-drift`
+(default) `drift` runs too, and acceptance is bucketed by the target's entropy for both
+methods: where DRIFT helps and where not. Saved like a bench run, plus `residuals.png` and
+`entropy.png`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+import torch
+
+from drift_cli.cli import ProgressCallback, decode_options, emit, model_options, rich_progress
+from drift_cli.errors import BadInput
+from drift_cli.methods.base import Feedback
+from drift_cli.methods.drift import DriftMethod
+from drift_cli.methods.vanilla import Vanilla
+
+TOP = 16            # the DRIFT post's "top 16 directions"
+CURVE = 64          # singular values kept in run.json
+
+
+class ResidualProbe(Vanilla):
+    """vanilla that keeps log p - log q at the first rejected position of each iteration."""
+
+    def __init__(self, draft: torch.nn.Module, limit: int) -> None:
+        super().__init__(draft)
+        self.limit = limit
+        self.rows: list[torch.Tensor] = []
+
+    @torch.inference_mode()
+    def observe(self, feedback: Feedback) -> None:
+        k, a = feedback.proposal.k, int(feedback.accepted[0])
+        if k == 0 or a >= k or len(self.rows) >= self.limit or feedback.proposal.base_logits is None:
+            return
+        logp = torch.log_softmax(feedback.target_logits[0, a].float(), dim=-1)
+        logq = torch.log_softmax(feedback.proposal.base_logits[0, a].float(), dim=-1)
+        self.rows.append((logp - logq).clamp(-30.0, 30.0).cpu())   # clip -inf from zero-mass tokens
+
+
+def spectrum(rows: list[torch.Tensor], top: int = TOP) -> dict:
+    """Singular-value statistics of the stacked residuals [R, V]."""
+    if len(rows) < 2:
+        raise BadInput(f"only {len(rows)} rejected positions: too few for a spectrum (use more prompts)")
+    r = torch.stack(rows).double()
+    out = {"residuals": r.shape[0], "vocab": r.shape[1]}
+    for name, mat in (("uncentred", r), ("centred", r - r.mean(dim=0, keepdim=True))):
+        s = torch.linalg.svdvals(mat)
+        energy = s.pow(2)
+        share = energy / energy.sum()
+        probs = share[share > 0]
+        out[name] = {
+            f"energy_top{top}": float(share[:top].sum()),
+            "effective_rank": float(math.exp(float(-(probs * probs.log()).sum()))),
+            "cumulative_energy": share.cumsum(0)[:CURVE].tolist(),
+            "singular_values": s[:CURVE].tolist(),
+        }
+    # reference: a Gaussian matrix of the same shape spreads energy evenly (top-16 share ~ 16 / min(R, V))
+    out[f"isotropic_energy_top{top}"] = min(1.0, top / min(r.shape))
+    return out
+
+
+def run_analysis(cfg, limit: int, with_drift: bool, progress=None) -> tuple[dict, list[dict]]:
+    from drift_cli import bench, metrics
+    from drift_cli.engine.lm import CausalLM
+    from drift_cli.engine.loop import run_stream
+    from drift_cli.results import SCHEMA_VERSION, environment, new_run_id
+
+    cfg.validate()
+    models = bench.load_models(cfg, progress)
+    stream = bench.load_stream(cfg, models.pair.tokenizer)
+    target = CausalLM(models.pair.target, "target")
+    dcfg = bench.decode_config(cfg, stream, models.pair.eos_id)
+    probe = ResidualProbe(models.pair.draft, limit)
+    probe.name = "vanilla"
+    policies: dict = {"vanilla": probe}
+    if with_drift:
+        policies["drift"] = DriftMethod.build(models.context(stream.scenario, cfg))
+    runs = {}
+    for name, policy in policies.items():
+        tick = (lambda done, total, name=name: progress(f"{stream.scenario}/{name}", done, total)) if progress else None
+        runs[name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
+    analysis = {
+        "spectrum": spectrum(probe.rows),
+        "acceptance_by_entropy": {name: metrics.acceptance_by_entropy(r.steps) for name, r in runs.items()},
+        "acceptance_rate": {name: metrics.acceptance_rate(r.steps) for name, r in runs.items()},
+    }
+    run = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": new_run_id("analyze-residuals"),
+        "scenario": stream.scenario,
+        "split": cfg.split,
+        "complete": all(r.complete for r in runs.values()),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+        | {"max_new_tokens": stream.max_new_tokens, "prompts": len(stream.prompts), "zoo": models.zoo_preset,
+           "max_residuals": limit},
+        "env": environment(),
+        "models": {"draft": models.pair.draft_info.to_json(), "target": models.pair.target_info.to_json()},
+        "seeds": {"decode": cfg.seed},
+        "stream": {"identity": stream.identity(), "prompts": len(stream.prompts)},
+        "methods": {name: metrics.method_metrics(r, cfg.gamma, None, greedy=cfg.temperature == 0.0)
+                    for name, r in runs.items()},
+        "analysis": analysis,
+    }
+    steps = [{"scope": "main", "method": m, **s.to_json()} for m, r in runs.items() for s in r.steps]
+    return run, steps
+
+
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def plot_analysis(run: dict, out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sp = run["analysis"]["spectrum"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    for name in ("uncentred", "centred"):
+        s = sp[name]["singular_values"]
+        a1.semilogy(range(1, len(s) + 1), [x / s[0] for x in s], label=name)
+        a2.plot(range(1, len(s) + 1), sp[name]["cumulative_energy"], label=name)
+    a1.set_xlabel("direction")
+    a1.set_ylabel("σ_i / σ_1")
+    a2.axvline(TOP, color="grey", ls="--")
+    a2.set_xlabel("top directions")
+    a2.set_ylabel("share of residual energy")
+    a2.set_ylim(0, 1)
+    for a in (a1, a2):
+        a.legend()
+    fig.suptitle(f"{run['scenario']}: draft-target residuals at {sp['residuals']} rejected positions")
+    fig.tight_layout()
+    _save(fig, out_dir / "residuals.png")
+
+    ent = run["analysis"]["acceptance_by_entropy"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(1, len(ent))
+    for i, (name, buckets) in enumerate(ent.items()):
+        xs = [j + i * width for j in range(len(buckets))]
+        ax.bar(xs, [b["acceptance_rate"] or 0.0 for b in buckets], width=width, label=name)
+    first = next(iter(ent.values()))
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(first))],
+                  [f"{b['entropy_lo']:g}-{b['entropy_hi']:g}" for b in first])
+    ax.set_xlabel("target entropy (nats)")
+    ax.set_ylabel("acceptance rate")
+    ax.legend()
+    fig.tight_layout()
+    _save(fig, out_dir / "entropy.png")
+
+
+def analysis_tables(run: dict):
+    from rich.table import Table
+
+    sp = run["analysis"]["spectrum"]
+    t1 = Table(title=f"residual spectrum ({sp['residuals']} rejected positions, V={sp['vocab']})", title_justify="left")
+    for col in ("", f"energy top {TOP}", "effective rank", f"isotropic top {TOP}"):
+        t1.add_column(col, justify="right")
+    for name in ("uncentred", "centred"):
+        t1.add_row(name, f"{sp[name][f'energy_top{TOP}']:.3f}", f"{sp[name]['effective_rank']:.1f}",
+                   f"{sp[f'isotropic_energy_top{TOP}']:.3f}")
+    ent = run["analysis"]["acceptance_by_entropy"]
+    t2 = Table(title="acceptance by target entropy (nats)", title_justify="left")
+    t2.add_column("entropy", justify="right")
+    for name in ent:
+        t2.add_column(f"{name} α", justify="right")
+        t2.add_column(f"{name} n", justify="right")
+    first = next(iter(ent.values()))
+    for j, b in enumerate(first):
+        cells = []
+        for buckets in ent.values():
+            a = buckets[j]["acceptance_rate"]
+            cells += ["–" if a is None else f"{a:.3f}", str(buckets[j]["drafted"])]
+        t2.add_row(f"{b['entropy_lo']:g}–{b['entropy_hi']:g}", *cells)
+    return t1, t2
+
+
+@click.group()
+def analyze() -> None:
+    """Analyses of the draft's errors."""
+
+
+def _drift_options(fn):
+    for opt in reversed(DriftMethod.cli_options):
+        if opt.name not in ("bank_out",):
+            fn.__click_params__ = getattr(fn, "__click_params__", []) + [opt]
+    return fn
+
+
+@analyze.command()
+@click.option("--scenario", default=None, help="scenario name (default jargon)")
+@click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL")
+@click.option("--max-residuals", type=int, default=4096, show_default=True, help="rejected positions kept")
+@click.option("--with-drift/--no-drift", default=True, show_default=True, help="also run drift for the entropy table")
+@model_options
+@decode_options
+@_drift_options
+def residuals(scenario, corpus, max_residuals, with_drift, zoo, draft, target, device, dtype, split, max_prompts,
+              max_new_tokens, gamma, temperature, top_p, seed, out, as_json, **drift_opts) -> None:
+    """SVD spectrum of draft-target residuals at rejected positions; acceptance by target entropy."""
+    from drift_cli.bench import BenchConfig
+    from drift_cli.results import check_writable, write_run
+
+    if max_residuals < 2:
+        raise BadInput(f"--max-residuals must be at least 2 (got {max_residuals})")
+    if scenario is None and corpus is None:
+        scenario = "jargon"
+    cfg = BenchConfig(scenario, corpus, "vanilla", zoo, draft, target, split, max_prompts, max_new_tokens, gamma,
+                      temperature, top_p, seed, device, dtype, out, False, drift_opts)
+    cfg.validate()
+    check_writable(out)
+    with rich_progress() as progress:
+        run, steps = run_analysis(cfg, max_residuals, with_drift, ProgressCallback(progress))
+    path = write_run(out, run, steps, plots=False)
+    plot_analysis(run, path)
+    if as_json:
+        emit(run, True)
+    else:
+        from drift_cli.cli import stdout_console  # defined after the command modules load
+
+        console = stdout_console()
+        console.print(f"→ {path}")
+        for t in analysis_tables(run):
+            console.print(t)
+    if not run["complete"]:
+        sys.exit(130)

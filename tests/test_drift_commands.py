@@ -1,0 +1,82 @@
+"""`drift ablate` and `drift analyze residuals` end to end on a tiny saved pair and a real corpus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from drift_cli.cli import main
+from tests.models import saved_pair
+
+CORPUS = Path("/usr/share/common-licenses")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return saved_pair(tmp_path_factory.mktemp("pair"))
+
+
+def run_cli(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+def common(pair, out):
+    d, t = pair
+    return ["--corpus", str(CORPUS), "--draft", str(d), "--target", str(t), "--max-prompts", "2",
+            "--max-new-tokens", "12", "--out", str(out), "--json"]
+
+
+def test_ablate_sweeps_an_axis_and_saves_a_run(pair, tmp_path, capsys):
+    code, out, err = run_cli(["ablate", "--sweep", "lambda", "--values", "0,0.6", "--tau", "0.2",
+                              *common(pair, tmp_path)], capsys)
+    assert code == 0, err
+    run = json.loads(out)
+    ab = run["ablation"]
+    assert ab["axis"] == "lambda" and ab["option"] == "gain" and ab["values"] == [0.0, 0.6]
+    assert [r["value"] for r in ab["rows"]] == [0.0, 0.6]
+    assert set(run["methods"]) == {"ar", "vanilla", "drift[lambda=0.0]", "drift[lambda=0.6]"}
+    # λ = 0 drafts exactly like vanilla; every drift run is lossless
+    assert run["methods"]["drift[lambda=0.0]"]["acceptance_rate"] == run["methods"]["vanilla"]["acceptance_rate"]
+    assert all(m["ar_match_rate"] == 1.0 for m in run["methods"].values() if m["ar_match_rate"] is not None)
+    run_dir = tmp_path / run["scenario"] / run["run_id"]
+    assert (run_dir / "ablation-lambda.png").stat().st_size > 0
+    assert json.loads((run_dir / "run.json").read_text())["ablation"]["rows"] == ab["rows"]
+
+
+def test_ablate_key_target_est_is_reported_as_skipped(pair, tmp_path, capsys):
+    code, out, err = run_cli(["ablate", "--sweep", "key", *common(pair, tmp_path)], capsys)
+    assert code == 0, err
+    rows = json.loads(out)["ablation"]["rows"]
+    assert rows[0]["value"] == "draft" and "acceptance_rate" in rows[0]
+    assert "target hidden states" in rows[1]["skipped"] or "target's hidden states" in rows[1]["skipped"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["ablate", "--sweep", "lamda"], "unknown ablation axis 'lamda' (did you mean 'lambda'?)"),
+    (["ablate", "--sweep", "eta", "--values", "0.1,fast"], "'fast' is not a valid value for axis eta"),
+    (["analyze", "residuals", "--max-residuals", "1"], "--max-residuals must be at least 2"),
+])
+def test_bad_input(args, message, capsys):
+    code, _, err = run_cli(args, capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_analyze_residuals(pair, tmp_path, capsys):
+    code, out, err = run_cli(["analyze", "residuals", *common(pair, tmp_path)], capsys)
+    assert code == 0, err
+    run = json.loads(out)
+    sp = run["analysis"]["spectrum"]
+    assert sp["residuals"] >= 2 and sp["vocab"] == 300
+    for name in ("uncentred", "centred"):
+        energy = sp[name]["cumulative_energy"]
+        assert all(a <= b + 1e-12 for a, b in zip(energy, energy[1:]))      # cumulative
+        assert 0 < sp[name]["energy_top16"] <= 1.0 + 1e-9
+        assert energy[min(15, len(energy) - 1)] == pytest.approx(sp[name]["energy_top16"])
+    assert set(run["analysis"]["acceptance_by_entropy"]) == {"vanilla", "drift"}
+    run_dir = tmp_path / run["scenario"] / run["run_id"]
+    assert (run_dir / "residuals.png").stat().st_size > 0 and (run_dir / "entropy.png").stat().st_size > 0
