@@ -399,3 +399,18 @@ def test_hf_dataset_saved_to_disk_and_json_builder(env, tmp_path):
     _hf_scenario(env, "hfcol", f'root = "{tmp_path / "saved"}"\noptions = {{ text_field = "body" }}\n')
     with pytest.raises(BadInput, match="dataset has no column 'body' \\(columns: text, n\\)"):
         S.documents("hfcol", "test")
+
+
+def test_gcide_cleaning_and_quotations():
+    from drift_cli.scenarios.cleaning import clean_gcide, gcide_quotations
+
+    entry = ('Anthrax \\An"thrax\\ ([a^]n"thr[a^]ks), n. [L. anthrax.]\n'
+             "   1. (Med.) A carbuncle.\n"
+             "      [1913 Webster]\n"
+             "            Satan stood\n"
+             "            Awhile as mute.                  --Milton.\n"
+             "      [1913 Webster]\n"
+             "   Syn: {Boil}.\n")
+    assert clean_gcide(entry).splitlines()[:2] == ["Anthrax, n. [L. anthrax.]", "   1. (Med.) A carbuncle."]
+    assert "[1913 Webster]" not in clean_gcide(entry)
+    assert gcide_quotations(entry) == ["Satan stood\nAwhile as mute. --Milton."]

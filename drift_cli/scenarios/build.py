@@ -26,7 +26,7 @@ from drift_cli.scenarios.extractors import EXTRACTORS, MissingSource, list_files
 from drift_cli.scenarios.schema import SPLITS, Scenario, SourceSpec, SplitRule
 
 # Bump when extractor or cleaning code changes what the same bytes produce.
-EXTRACTION_VERSION = 2
+EXTRACTION_VERSION = 3
 
 
 def cache_root() -> Path:

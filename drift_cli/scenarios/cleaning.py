@@ -129,12 +129,16 @@ def troff_to_text(src: str) -> str:
 _GCIDE_TAGS = re.compile(r"^\s*\[(?:[^\]\n]*(?:Webster|WordNet|PJC|Century|Suppl\.)[^\]\n]*)\]\s*\S*\s*$",
                          re.MULTILINE)
 _GCIDE_PRONUNCIATION = re.compile(r"\\[^\\\n]{1,80}\\")
+_GCIDE_RESPELLING = re.compile(r" ?\((?=[^()\n]*\[[^\]\n]{1,4}\])[^()\n]*\)")   # ([a^]n"thr[a^]ks)
+_SPACE_BEFORE_COMMA = re.compile(r" +,")
 
 
 def clean_gcide(entry: str) -> str:
-    """Drop GCIDE's per-sense source tags ("[1913 Webster]") and pronunciation keys (\\A*bash"\\)."""
+    """Drop GCIDE's per-sense source tags ("[1913 Webster]"), pronunciation keys
+    (\\A*bash"\\) and respellings (([a^]n"thr[a^]ks)): editorial markup, not text."""
     entry = _GCIDE_TAGS.sub("", entry)
-    return _GCIDE_PRONUNCIATION.sub("", entry)
+    entry = _GCIDE_RESPELLING.sub("", _GCIDE_PRONUNCIATION.sub("", entry))
+    return _SPACE_BEFORE_COMMA.sub(",", entry)
 
 
 _QUOTE_AUTHOR = re.compile(r"--\s?[A-Z]")
