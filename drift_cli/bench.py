@@ -117,19 +117,33 @@ def load_models(cfg: BenchConfig, progress: Progress | None = None) -> Models:
     return Models(load_pair(zp.draft, zp.target, cfg.device_name, cfg.dtype), cfg.zoo)
 
 
-def load_stream(cfg: BenchConfig, tokenizer, scenario: str | None = None) -> Stream:
+def resolve_scenario(cfg: BenchConfig, name: str | None = None):
+    """The scenario object (cheap: reads its TOML), so that bad names fail before any model loads."""
     from drift_cli import scenarios
 
-    if cfg.corpus is not None and scenario is None:
-        sc = scenarios.corpus_scenario(cfg.corpus)
-    else:
-        sc = scenarios.load_scenario(scenario or cfg.scenario)
-    stream = scenarios.build_stream(sc, cfg.split, tokenizer, max_prompts=cfg.max_prompts)
+    if name is None and cfg.corpus is not None:
+        return scenarios.corpus_scenario(cfg.corpus)
+    return scenarios.load_scenario(name or cfg.scenario)
+
+
+def load_stream(cfg: BenchConfig, tokenizer, scenario) -> Stream:
+    from drift_cli import scenarios
+
+    stream = scenarios.build_stream(scenario, cfg.split, tokenizer, max_prompts=cfg.max_prompts)
     if cfg.max_new_tokens is not None:
         stream.max_new_tokens = cfg.max_new_tokens
     if not stream.prompts:
         raise BadInput(f"scenario '{stream.scenario}' has no prompts in its {cfg.split} split")
     return stream
+
+
+def check_preset(cfg: BenchConfig) -> None:
+    if cfg.draft is None:
+        from drift_cli.registry import unknown
+        from drift_cli.zoo import preset_names
+
+        if cfg.zoo not in preset_names():
+            raise unknown("preset", cfg.zoo, preset_names())
 
 
 def decode_config(cfg: BenchConfig, stream: Stream, eos_id: int | None) -> DecodeConfig:
@@ -202,8 +216,10 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
         names = ["ar"] + names   # every speedup is measured against ar on the same prompts
     else:
         names = ["ar"] + [n for n in names if n != "ar"]
+    scenario = resolve_scenario(cfg)
+    check_preset(cfg)
     models = load_models(cfg, progress)
-    stream = load_stream(cfg, models.pair.tokenizer)
+    stream = load_stream(cfg, models.pair.tokenizer, scenario)
     runs, skipped = run_methods(names, models, stream, cfg, progress, explicit)
     methods = summarise(runs, cfg)
     complete = all(r.complete for r in runs.values()) and len(runs) + len(skipped) == len(names)
@@ -211,7 +227,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
     control_runs: dict[str, StreamRun] = {}
     control = None
     if cfg.control and complete and cfg.corpus is None and stream.scenario != CONTROL_SCENARIO:
-        cstream = load_stream(cfg, models.pair.tokenizer, CONTROL_SCENARIO)
+        cstream = load_stream(cfg, models.pair.tokenizer, resolve_scenario(cfg, CONTROL_SCENARIO))
         control_runs, _ = run_methods(["ar", "vanilla"], models, cstream, cfg, progress)
         control = summarise(control_runs, cfg)
         complete = all(r.complete for r in control_runs.values())

@@ -117,7 +117,7 @@ def bench(scenario, corpus, methods, no_control, zoo, draft, target, device, dty
     if as_json:
         emit(run, True)
     else:
-        render_run(run, Console(), str(path))
+        render_run(run, stdout_console(), str(path))
     if not run["complete"]:
         sys.exit(130)
 
@@ -142,7 +142,7 @@ def report(run_dirs, as_json, out) -> None:
     if as_json:
         emit(runs, True)  # type: ignore[arg-type]
         return
-    console = Console()
+    console = stdout_console()
     for d, run in zip(run_dirs, runs, strict=True):
         render_run(run, console, str(d))
 
@@ -166,8 +166,29 @@ def _register_optional_commands() -> None:
 _register_optional_commands()
 
 
+def quiet_libraries() -> None:
+    """Nothing is downloaded at run time, and library progress bars stay off our terminal."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def stdout_console() -> Console:
+    """Rich console for results; wide enough for the tables when stdout is not a terminal."""
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: maps BadInput and usage errors to one line + exit 2."""
+    quiet_libraries()
     try:
         rv = cli.main(args=argv, standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as e:

@@ -1,0 +1,44 @@
+# drift-bench: two commands do all the set-up on a fresh machine.
+#   make bench   the main job: drift bench --scenario jargon --methods all on the built-in small zoo
+#   make test    every test: cargo test (the Rust core) and pytest (everything else)
+# Both reuse one virtual environment ($(VENV)); it is (re)installed when pyproject.toml or the
+# Rust sources change.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.drift-installed
+RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
+
+.PHONY: setup data-deps bench test test-rust test-python test-fast clean
+
+setup: $(STAMP) data-deps
+
+$(STAMP): pyproject.toml $(RUST_SOURCES)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "maturin>=1.5,<2"
+	$(PY) -m pip install -q --no-build-isolation -e '.[test]'
+	@touch $@
+
+data-deps:
+	@if [ -x scripts/install-data-deps.sh ]; then scripts/install-data-deps.sh; fi
+
+bench: setup
+	$(VENV)/bin/drift bench --scenario jargon --methods all
+
+test: setup test-rust test-python
+
+test-rust:
+	cargo test --release
+
+test-python: $(STAMP)
+	$(PY) -m pytest -q
+
+# the quick loop while developing: no slow-marked tests
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) target build dist
