@@ -414,3 +414,20 @@ def test_gcide_cleaning_and_quotations():
     assert clean_gcide(entry).splitlines()[:2] == ["Anthrax, n. [L. anthrax.]", "   1. (Med.) A carbuncle."]
     assert "[1913 Webster]" not in clean_gcide(entry)
     assert gcide_quotations(entry) == ["Satan stood\nAwhile as mute. --Milton."]
+
+
+def test_lexical_shift_exact_values():
+    import math
+
+    from drift_cli.scenarios.document import Document
+    from drift_cli.scenarios.shift import ReferenceText, lexical_shift
+
+    doc = lambda t: Document("x:" + t[:8], t, "x", "x")  # noqa: E731
+    ref = ReferenceText.of([doc("the cat sat. the dog sat")])   # words: the cat sat . the dog sat
+    assert ref.total == 7 and ref.unigrams["the"] == 2
+    same = lexical_shift([doc("The cat sat")], ref)
+    assert (same.word_oov, same.bigram_seen) == (0.0, 1.0)
+    # add-one unigram: P(w) = (count + 1) / (7 + |V| + 1), |V| = 5
+    assert math.isclose(same.unigram_ce_nats, -(math.log(3 / 13) + math.log(2 / 13) + math.log(3 / 13)) / 3)  # the cat sat
+    new = lexical_shift([doc("a bird flew sat")], ref)
+    assert (new.word_oov, new.bigram_seen) == (0.75, 0.0)

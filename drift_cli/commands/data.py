@@ -131,3 +131,26 @@ def list_(as_json: bool) -> None:
     for r in rows:
         if r["missing"]:
             console.print(f"[red]{r['scenario']}[/]: {r['missing']}")
+
+
+@data.command("shift")
+@click.argument("scenarios", nargs=-1)
+@click.option("--split", default="test", show_default=True, type=click.Choice(SPLITS))
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def shift(scenarios: tuple[str, ...], split: str, as_json: bool) -> None:
+    """Lexical shift of each scenario's split against the draft's training text (model-free)."""
+    from drift_cli.scenarios import documents, draft_training_documents, scenario_names
+    from drift_cli.scenarios.shift import ReferenceText, lexical_shift
+
+    ref = ReferenceText.of(draft_training_documents())
+    rows = {name: lexical_shift(documents(name, split), ref).to_json() for name in scenarios or scenario_names()}
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+        return
+    table = Table(title=f"lexical shift of the {split} split vs the draft's training text")
+    for col in ("scenario", "docs", "words", "word OOV", "bigrams seen", "unigram CE (nats)"):
+        table.add_column(col, justify="left" if col == "scenario" else "right")
+    for name, r in rows.items():
+        table.add_row(name, str(r["documents"]), str(r["words"]), f"{r['word_oov']:.3f}",
+                      f"{r['bigram_seen']:.3f}", f"{r['unigram_ce_nats']:.2f}")
+    Console().print(table)
