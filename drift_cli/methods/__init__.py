@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from drift_cli.methods.ar import Autoregressive
 from drift_cli.methods.base import DraftPolicy
+from drift_cli.methods.drift import DriftMethod
 from drift_cli.methods.offline import Offline
+from drift_cli.methods.osd import OnlineDistillation
+from drift_cli.methods.pld import PromptLookup
+from drift_cli.methods.suffix import SuffixDecoding
 from drift_cli.methods.vanilla import Vanilla
 from drift_cli.registry import Registry
 
 METHODS: Registry[type[DraftPolicy]] = Registry("method")
-for _cls in (Autoregressive, Vanilla, Offline):
+for _cls in (Autoregressive, Vanilla, DriftMethod, Offline, OnlineDistillation, PromptLookup, SuffixDecoding):
     METHODS.register(_cls.name)(_cls)
 
 
