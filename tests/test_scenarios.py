@@ -211,6 +211,15 @@ def test_changed_recipe_rebuilds_only_what_it_affects(env):
     forget_loaded()
     a2 = S.build("alpha")[0]
     assert a2.built and a2.key != a0.key
+    # pruning keeps exactly the latest build of each scenario and the sources it uses
+    from drift_cli.scenarios.build import prune_cache
+
+    removed = prune_cache()
+    assert a0.directory in removed and b0.directory in removed and b1.directory in removed
+    assert sorted(p.name for p in (env["cache"] / "scenarios" / "splits" / "alpha").iterdir()) == [a2.key, "latest.json"]
+    assert len(list((env["cache"] / "scenarios" / "sources").glob("*.jsonl"))) == 2
+    forget_loaded()
+    assert not S.build("alpha")[0].built and not S.build("beta")[0].built and prune_cache() == []
 
 
 def test_draft_and_target_training_documents(env):

@@ -41,10 +41,11 @@ def data() -> None:
 @data.command("build")
 @click.argument("scenarios", nargs=-1)
 @click.option("--force", is_flag=True, help="Re-extract even when the cache is current.")
+@click.option("--prune", is_flag=True, help="Afterwards, delete superseded builds from the cache.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build summary as JSON (only that on stdout).")
-def build(scenarios: tuple[str, ...], force: bool, as_json: bool) -> None:
+def build(scenarios: tuple[str, ...], force: bool, prune: bool, as_json: bool) -> None:
     """Extract SCENARIOS (default: all), split them and write per-split manifests."""
-    from drift_cli.scenarios.build import build_scenario
+    from drift_cli.scenarios.build import build_scenario, prune_cache
 
     leaves = _leaves(scenarios)
     console = Console(stderr=True)
@@ -60,6 +61,9 @@ def build(scenarios: tuple[str, ...], force: bool, as_json: bool) -> None:
 
             results.append(build_scenario(sc, force=force, on_source=advance))
     summaries = [build_summary(b) for b in results]
+    if prune:
+        removed = prune_cache()
+        console.print(f"pruned {len(removed)} superseded cache entries")
     if as_json:
         click.echo(json.dumps(summaries, indent=2, sort_keys=True))
         return

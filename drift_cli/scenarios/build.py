@@ -349,3 +349,28 @@ def cached_manifests(scenario: Scenario) -> dict[str, dict] | None:
     if not all(f.exists() for f in files):
         return None
     return {s: json.loads(f.read_text()) for s, f in zip(SPLITS, files)}
+
+
+def prune_cache() -> list[Path]:
+    """Delete superseded builds: split directories other than each scenario's latest, and
+    extracted sources no latest build uses. Returns what was removed."""
+    import shutil
+
+    root = cache_root()
+    keep_sources: set[str] = set()
+    removed: list[Path] = []
+    for latest_path in sorted((root / "splits").glob("*/latest.json")):
+        key = json.loads(latest_path.read_text())["key"]
+        manifest = latest_path.parent / key / "manifest-train.json"
+        if manifest.exists():
+            keep_sources.update(s["source_key"] for s in json.loads(manifest.read_text())["sources"])
+        for d in sorted(latest_path.parent.iterdir()):
+            if d.is_dir() and d.name != key:
+                shutil.rmtree(d)
+                removed.append(d)
+    for f in sorted((root / "sources").glob("*.jsonl")):
+        if f.stem not in keep_sources:
+            f.unlink()
+            removed.append(f)
+    _LOADED.clear()
+    return removed
