@@ -356,12 +356,22 @@ def test_data_build_and_list_commands(env):
     assert listed[1]["sources"] == "missing" and listed[1]["splits"] is None
 
 
-def test_snapshot_serves_a_machine_without_the_sources(env):
+def test_snapshot_serves_a_machine_without_the_sources(env, monkeypatch):
     built = {s: S.documents("alpha", s) for s in ("train", "dev", "test")}
     (env["src"] / "a").rename(env["src"] / "a-gone")
     forget_loaded()
     assert {s: S.documents("alpha", s) for s in ("train", "dev", "test")} == built
     assert S.build("alpha")[0].snapshot
+    # DRIFT_DATA_SNAPSHOT=1 pins the cached build even when the files are there but differ
+    (env["src"] / "a-gone").rename(env["src"] / "a")
+    (env["src"] / "a" / "doc07.txt").write_text(prose(777))
+    forget_loaded()
+    monkeypatch.setenv("DRIFT_DATA_SNAPSHOT", "1")
+    assert {s: S.documents("alpha", s) for s in ("train", "dev", "test")} == built
+    monkeypatch.delenv("DRIFT_DATA_SNAPSHOT")
+    forget_loaded()
+    assert {s: S.documents("alpha", s) for s in ("train", "dev", "test")} != built
+    (env["src"] / "a").rename(env["src"] / "a-gone")
     # a different recipe has no snapshot: the missing package is named
     path = env["sdir"] / "alpha.toml"
     path.write_text(path.read_text().replace("version = 1", "version = 2"))
