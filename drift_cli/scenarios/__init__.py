@@ -44,7 +44,11 @@ def _defaults() -> dict:
 
 
 def scenario_names() -> list[str]:
-    return sorted(p.stem for p in scenario_dir().glob("*.toml") if p.name != DEFAULTS_FILE)
+    root = scenario_dir()
+    if not root.is_dir():
+        raise BadInput(f"scenario directory {root} not found; set DRIFT_SCENARIO_DIR to the "
+                       "repository's scenarios/ folder")
+    return sorted(p.stem for p in root.glob("*.toml") if p.name != DEFAULTS_FILE)
 
 
 def load_scenario(name: str) -> Scenario:
