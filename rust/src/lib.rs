@@ -43,7 +43,7 @@ fn py_err(e: CoreError) -> PyErr {
             // OSError(errno, strerror, filename), as Python's own file functions raise it.
             let text = source.to_string();
             let strerror = text.split(" (os error").next().unwrap_or(&text).to_owned();
-            let args = (source.raw_os_error().unwrap_or(0), strerror, path);
+            let args = (source.raw_os_error().unwrap_or(0), strerror, path.to_string_lossy().into_owned());
             match source.kind() {
                 std::io::ErrorKind::NotFound => PyFileNotFoundError::new_err(args),
                 std::io::ErrorKind::PermissionDenied => PyPermissionError::new_err(args),
