@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from drift_cli.errors import BadInput
 from drift_cli.registry import suggest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the same parser as a package ("tomli; python_version < '3.11'")
+    import tomli as tomllib
 
 SPLITS = ("train", "dev", "test")
 STREAM_ORDERS = ("shuffle", "interleave", "block", "mixture")
