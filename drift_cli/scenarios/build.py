@@ -277,62 +277,81 @@ def build_scenario(scenario: Scenario, force: bool = False,
         if snapshot is not None:
             _LOADED[memo] = snapshot
             return snapshot
-    sources = []
     try:
+        sources = []
         for spec in scenario.sources:
             sources.append(build_source(scenario, spec, force))
             if on_source:
                 on_source(sources[-1])
     except MissingSource:
-        snapshot = latest_build(scenario)
-        if snapshot is None or force:
+        snapshot = None if force else latest_build(scenario)
+        if snapshot is None:
             raise
         _LOADED[memo] = snapshot
         return snapshot
     key = _json_key({"recipe": scenario.recipe(), "sources": [s.key for s in sources]})
     directory = cache_root() / "splits" / scenario.name / key
     fresh = [s.spec.id for s in sources if s.built]
-    names = [f"{s}.jsonl" for s in SPLITS] + [f"manifest-{s}.json" for s in SPLITS]
-    if not force and all((directory / n).exists() for n in names):
-        splits = {s: _read_jsonl(directory / f"{s}.jsonl") for s in SPLITS}
-        manifests = {s: json.loads((directory / f"manifest-{s}.json").read_text()) for s in SPLITS}
-        result = ScenarioBuild(scenario, key, splits, manifests, False, fresh, directory)
+    cached = None if force else _read_build(directory)
+    if cached is not None:
+        result = ScenarioBuild(scenario, key, *cached, built=False, sources_built=fresh, directory=directory)
     else:
         splits = split_documents([d for s in sources for d in s.documents], scenario.split)
-        manifests = {}
-        for split, docs in splits.items():
-            payload = _jsonl_bytes(docs)
-            write_atomic(directory / f"{split}.jsonl", payload)
-            manifests[split] = split_manifest(scenario, key, split, docs, sources, payload)
-        for split, manifest in manifests.items():   # manifests last: they mark a complete build
-            write_atomic(directory / f"manifest-{split}.json",
-                         (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-        result = ScenarioBuild(scenario, key, splits, manifests, True, fresh, directory)
-    latest = {"recipe_sha256": memo, "key": key}
-    latest_path = directory.parent / "latest.json"
-    if not latest_path.exists() or json.loads(latest_path.read_text()) != latest:
-        write_atomic(latest_path, (json.dumps(latest, sort_keys=True) + "\n").encode())
+        manifests = _write_build(directory, scenario, key, splits, sources)
+        result = ScenarioBuild(scenario, key, splits, manifests, built=True, sources_built=fresh, directory=directory)
+    _record_latest(directory, memo, key)
     _LOADED[memo] = result
     return result
 
 
+_BUILD_FILES = [f"{s}.jsonl" for s in SPLITS] + [f"manifest-{s}.json" for s in SPLITS]
+
+
+def _read_build(directory: Path) -> tuple[dict, dict] | None:
+    """(splits, manifests) of a complete build directory, else None."""
+    if not all((directory / n).exists() for n in _BUILD_FILES):
+        return None
+    splits = {s: _read_jsonl(directory / f"{s}.jsonl") for s in SPLITS}
+    manifests = {s: json.loads((directory / f"manifest-{s}.json").read_text()) for s in SPLITS}
+    return splits, manifests
+
+
+def _write_build(directory: Path, scenario: Scenario, key: str, splits: dict[str, list[Document]],
+                 sources: list[SourceBuild]) -> dict[str, dict]:
+    manifests = {}
+    for split, docs in splits.items():
+        payload = _jsonl_bytes(docs)
+        write_atomic(directory / f"{split}.jsonl", payload)
+        manifests[split] = split_manifest(scenario, key, split, docs, sources, payload)
+    for split, manifest in manifests.items():   # manifests last: they mark a complete build
+        write_atomic(directory / f"manifest-{split}.json",
+                     (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    return manifests
+
+
+def _record_latest(directory: Path, recipe_sha256: str, key: str) -> None:
+    latest = {"recipe_sha256": recipe_sha256, "key": key}
+    path = directory.parent / "latest.json"
+    if not path.exists() or json.loads(path.read_text()) != latest:
+        write_atomic(path, (json.dumps(latest, sort_keys=True) + "\n").encode())
+
+
 def latest_build(scenario: Scenario) -> ScenarioBuild | None:
-    """The last build of this exact recipe, for machines without the OS packages (a GPU box
-    that received the cache dir): used only when a source is missing, marked `snapshot`."""
+    """The last build of this exact recipe (`snapshot`), for a machine without the OS packages
+    or with different files (see DRIFT_DATA_SNAPSHOT); None if absent or not intact."""
     latest_path = cache_root() / "splits" / scenario.name / "latest.json"
     if not latest_path.exists():
         return None
     latest = json.loads(latest_path.read_text())
     directory = latest_path.parent / latest["key"]
-    names = [f"{s}.jsonl" for s in SPLITS] + [f"manifest-{s}.json" for s in SPLITS]
-    if latest["recipe_sha256"] != scenario.recipe_sha256() or not all((directory / n).exists() for n in names):
+    cached = _read_build(directory) if latest["recipe_sha256"] == scenario.recipe_sha256() else None
+    if cached is None:
         return None
-    splits = {s: _read_jsonl(directory / f"{s}.jsonl") for s in SPLITS}
-    manifests = {s: json.loads((directory / f"manifest-{s}.json").read_text()) for s in SPLITS}
+    splits, manifests = cached
     for s, m in manifests.items():   # the snapshot must be the bytes its manifest describes
         if _sha256_hex(_jsonl_bytes(splits[s])) != m["sha256"]:
             return None
-    return ScenarioBuild(scenario, latest["key"], splits, manifests, False, [], directory, snapshot=True)
+    return ScenarioBuild(scenario, latest["key"], splits, manifests, built=False, directory=directory, snapshot=True)
 
 
 def forget_loaded() -> None:
