@@ -383,7 +383,7 @@ def test_snapshot_serves_a_machine_without_the_sources(env, monkeypatch):
 # ---- Hugging Face datasets (local: no hub here) ------------------------------------------------
 
 def _hf_scenario(env, name: str, source: str) -> None:
-    (env["sdir"] / f"{name}.toml").write_text(textwrap.dedent(f"""
+    (env["sdir"] / f"{name}.toml").write_text(textwrap.dedent("""
         version = 1
         description = "a Hugging Face dataset"
         domain = "hf"

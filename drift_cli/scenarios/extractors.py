@@ -8,7 +8,6 @@ document is long enough to cut prompt windows from; the split stays disjoint by 
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import email.utils
 import fnmatch
