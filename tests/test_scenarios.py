@@ -254,6 +254,7 @@ def test_block_and_mixture_variants(env):
     block = S.build_stream("mix", "test", tok, max_prompts=8)
     assert [p.domain for p in block.prompts] == ["alpha", "alpha", "beta", "beta"] * 2
     assert all(p.tenant == p.domain for p in block.prompts)
+    assert block.meta["split_sha256"] == {n: S.build(n)[0].manifests["test"]["sha256"] for n in ("alpha", "beta")}
     mixture = S.build_stream("mix", "test", tok, max_prompts=8, variant="mixture")
     assert mixture.meta["order"] == "mixture" and len(mixture.prompts) == 8
     assert mixture.identity() == S.build_stream("mix", "test", tok, max_prompts=8, variant="mixture").identity()

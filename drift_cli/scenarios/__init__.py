@@ -134,7 +134,10 @@ def build_stream(scenario: str | Scenario, split: str, tokenizer, max_prompts: i
     meta = {"scenario_version": sc.version, "order": order, "prompt_tokens": sc.stream.prompt_tokens,
             "recipe_sha256": sc.recipe_sha256(), "documents_in_split": len(docs),
             "documents_used": len({p.doc_id for p in prompts}), "domains": domains,
-            "requested_prompts": n}
+            "requested_prompts": n,
+            # sha256 of each (component) scenario's split file: the exact data behind the stream
+            "split_sha256": {b.scenario.name: b.manifests[split]["sha256"] for b in build(sc)},
+            "snapshot": any(b.snapshot for b in build(sc))}
     return Stream(scenario=sc.name, split=split, prompts=prompts,
                   max_new_tokens=sc.stream.max_new_tokens, meta=meta)
 
