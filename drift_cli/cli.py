@@ -163,8 +163,6 @@ def _register_optional_commands() -> None:
         cli.add_command(getattr(mod, attr))
 
 
-_register_optional_commands()
-
 
 def quiet_libraries() -> None:
     """Nothing is downloaded at run time, and library progress bars stay off our terminal."""
@@ -209,3 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         err_console.print("interrupted")
         sys.exit(130)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+# Last, so that command modules may import helpers defined above.
+_register_optional_commands()

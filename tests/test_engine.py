@@ -106,3 +106,23 @@ def test_step_records_time_split_adds_up():
         assert s.draft_ms >= s.forward_draft_ms >= 0 and s.verify_ms >= s.forward_target_ms > 0
         assert len(s.target_entropy) == s.drafted
         assert 0 <= s.accepted <= s.drafted <= 3
+
+
+class InterruptAfter(Vanilla):
+    """Simulates Ctrl-C during the second prompt."""
+
+    name = "interrupt"
+    prompts = 0
+
+    def begin_prompt(self, prompt, tenant=None):
+        self.prompts += 1
+        if self.prompts == 2:
+            raise KeyboardInterrupt
+        super().begin_prompt(prompt, tenant)
+
+
+def test_interrupted_stream_keeps_what_finished():
+    draft, target = tiny_pair()
+    run = run_stream(CausalLM(target, "target"), InterruptAfter(draft), _stream([3, 4, 5]), DecodeConfig(max_new_tokens=6))
+    assert run.complete is False
+    assert len(run.generations) == 1 and len(run.generations[0].output_ids) == 6
