@@ -1,6 +1,7 @@
 """Zoo building blocks without training a zoo: presets, FLOPs, data order, schedule, cache."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -111,3 +112,27 @@ def test_atomic_directory_leaves_nothing_on_failure(tmp_path):
 def test_recipe_hash_is_order_independent():
     assert cache.recipe_hash({"a": 1, "b": [1, 2]}) == cache.recipe_hash({"b": [1, 2], "a": 1})
     assert cache.recipe_hash({"a": 1}) != cache.recipe_hash({"a": 2})
+
+
+def test_replay_greedy_by_hand():
+    from drift_cli.zoo.shift import replay_greedy
+
+    # gamma 4: [1 1 0 .] accepts 2 and the target corrects position 2; [1 1 1 1] accepts 4 and
+    # the target adds a bonus token at position 7; one position is left: draft 1, accept 0.
+    marks = torch.tensor([[1, 1, 0, 1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    assert replay_greedy(marks, 4) == (6, 9)
+    assert replay_greedy(torch.ones(2, 10, dtype=torch.bool), 4) == (2 * 8, 2 * 8)   # 4+4 drafted, 2 left for bonus
+
+
+def test_stale_temporaries_of_dead_builds_are_removed(tmp_path):
+    import subprocess
+
+    proc = subprocess.Popen(["true"])           # a pid that has exited
+    proc.wait()
+    stale = tmp_path / f".target.tmp-{proc.pid}"
+    stale.mkdir()
+    alive = tmp_path / f".target.tmp-{os.getpid()}x"       # not a pid suffix: left alone
+    alive.mkdir()
+    with cache.atomic_directory(tmp_path / "target") as tmp:
+        (tmp / "w").write_bytes(b"1")
+    assert not stale.exists() and alive.exists() and (tmp_path / "target" / "w").exists()

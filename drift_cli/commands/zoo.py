@@ -99,3 +99,36 @@ def list_(preset: str | None, as_json: bool) -> None:
 
 
 list_.name = "list"
+
+
+@zoo.command("shift")
+@click.option("--preset", default="small", show_default=True)
+@click.option("--scenario", "scenarios", multiple=True, metavar="NAME",
+              help="Scenarios to measure (repeatable; default: indist code law jargon temporal).")
+@click.option("--split", type=click.Choice(["train", "dev", "test"]), default="dev", show_default=True)
+@click.option("--max-prompts", type=click.IntRange(min=1), default=40, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None, help="Default: the stream's.")
+@click.option("--gamma", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--offline", type=click.Choice(DIVERGENCES), default=None,
+              help="Also measure offline drafts distilled with this divergence (built if missing).")
+@click.option("--json", "as_json", is_flag=True)
+def shift(preset, scenarios, split, max_prompts, max_new_tokens, gamma, offline, as_json) -> None:
+    """Greedy acceptance of the zoo draft vs its target per scenario (no timing): is the shift real?"""
+    from drift_cli.zoo.shift import SHIFTED, shift_report
+
+    console = Console(stderr=True)
+    with _progress_callback(console) as progress:
+        report = shift_report(preset, tuple(scenarios) or ("indist",) + SHIFTED, split, max_prompts, gamma,
+                              offline, max_new_tokens, progress)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    table = Table(title=f"greedy acceptance, zoo '{preset}', {split} split, gamma={gamma}")
+    for col in ("scenario", "alpha (base)", "gap vs indist", "token agreement", "alpha (offline)", "offline gain"):
+        table.add_column(col, justify="left" if col == "scenario" else "right")
+    fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    for name, row in report["scenarios"].items():
+        table.add_row(name, fmt(row["base"]["acceptance_rate"]), fmt(row["gap_vs_indist"]),
+                      fmt(row["base"]["token_agreement"]),
+                      fmt(row["offline"]["acceptance_rate"]) if "offline" in row else "-", fmt(row["offline_gain"]))
+    Console().print(table)

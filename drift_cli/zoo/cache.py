@@ -76,10 +76,29 @@ def _fsync_tree(root: Path) -> None:
                 os.close(fd)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(parent: Path, name: str) -> None:
+    """Delete `.name.tmp-PID` / `.name.old-PID` left by builds whose process has died."""
+    for leftover in parent.glob(f".{name}.*-*"):
+        pid = leftover.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def atomic_directory(final: Path) -> Iterator[Path]:
     """Yield an empty temp dir next to `final`; on success it replaces `final` in one rename."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(final.parent, final.name)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
