@@ -1,0 +1,105 @@
+"""`pld`: prompt-lookup drafting (transformers' `prompt_lookup_num_tokens`, vLLM's `ngram`).
+
+No draft model. Each iteration matches the last n tokens of the context (n = --pld-max-ngram
+down to 1) against earlier positions of the same context and proposes up to γ tokens that
+followed the most recent earlier occurrence; no match drafts nothing (the target emits one
+token). The proposal is a point mass (`Proposal.q = None`), which the acceptance rule handles
+exactly. An incremental index (n-gram -> last position it was followed from) makes a lookup
+O(max_ngram) instead of a scan of the context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import click
+import torch
+
+from drift_cli.engine.sampling import Sampler
+from drift_cli.errors import BadInput
+from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal
+
+
+@dataclass(frozen=True)
+class PldConfig:
+    max_ngram: int = 3            # longest n-gram matched; shorter ones down to 1 are tried after it
+
+    def validate(self) -> "PldConfig":
+        if self.max_ngram < 1:
+            raise BadInput(f"--pld-max-ngram must be >= 1, got {self.max_ngram}")
+        return self
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> "PldConfig":
+        value = options.get("pld_max_ngram")
+        return cls() if value is None else cls(max_ngram=value)
+
+
+class NgramIndex:
+    """The context's tokens and, per n <= max_ngram, the last end position of every n-gram that
+    is followed by at least one token (so a lookup never finds the context's own suffix)."""
+
+    def __init__(self, max_ngram: int) -> None:
+        self.max_ngram = max_ngram
+        self.ids: list[int] = []
+        self.last_end: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
+
+    def append(self, token: int) -> None:
+        self.ids.append(token)
+        e = len(self.ids) - 2                     # the n-grams ending here are now followed
+        for n in range(1, min(self.max_ngram, e + 1) + 1):
+            self.last_end[n][tuple(self.ids[e - n + 1:e + 1])] = e
+
+    def lookup(self, max_tokens: int) -> list[int]:
+        """Tokens after the most recent earlier occurrence of the longest matching suffix n-gram."""
+        for n in range(min(self.max_ngram, len(self.ids)), 0, -1):
+            e = self.last_end[n].get(tuple(self.ids[-n:]))
+            if e is not None:
+                return self.ids[e + 1:e + 1 + max_tokens]
+        return []
+
+    @property
+    def entries(self) -> int:
+        return sum(len(d) for d in self.last_end)
+
+
+class PromptLookup(DraftPolicy):
+    name = "pld"
+    description = "prompt-lookup drafting: copy what followed the last n-gram's previous occurrence (no draft model)"
+    cli_options = [
+        click.Option(["--pld-max-ngram"], type=click.IntRange(min=1), default=None,
+                     help="pld: longest n-gram matched against the context (then shorter, down to 1) [default: 3]"),
+    ]
+
+    def __init__(self, cfg: PldConfig = PldConfig()) -> None:
+        self.cfg = cfg.validate()
+        self.index = NgramIndex(self.cfg.max_ngram)
+        self.peak_entries = 0
+
+    @classmethod
+    def build(cls, ctx: MethodContext) -> "PromptLookup":
+        return cls(PldConfig.from_options(ctx.options))
+
+    def begin_stream(self) -> None:
+        self.peak_entries = 0
+
+    def begin_prompt(self, prompt: torch.Tensor, tenant: str | None = None) -> None:
+        self.index = NgramIndex(self.cfg.max_ngram)
+        for t in prompt[0].tolist():
+            self.index.append(t)
+
+    def propose(self, context: torch.Tensor, gamma: int, sampler: Sampler) -> Proposal:
+        tokens = self.index.lookup(gamma) if gamma > 0 else []
+        ids = torch.tensor([tokens], dtype=torch.long).to(context.device)   # [1, k]
+        return Proposal(tokens=ids.view(1, len(tokens)))
+
+    def commit(self, context: torch.Tensor) -> None:
+        for t in context[0, len(self.index.ids):].tolist():
+            self.index.append(t)
+
+    def end_prompt(self, output: torch.Tensor) -> None:
+        self.peak_entries = max(self.peak_entries, self.index.entries)
+
+    def report(self) -> dict[str, Any]:
+        return {"pld_max_ngram": self.cfg.max_ngram, "pld_index_entries_peak": self.peak_entries}

@@ -1,0 +1,140 @@
+"""`suffix`: greedy equality with `ar`, sampling exactness, tenants, the token budget, options."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drift_cli.engine.lm import CausalLM
+from drift_cli.engine.loop import DecodeConfig, run_stream
+from drift_cli.errors import BadInput
+from drift_cli.methods.ar import Autoregressive
+from drift_cli.methods.base import MethodContext
+from drift_cli.methods.suffix import SuffixConfig, SuffixDecoding
+from drift_cli.stream import Prompt, Stream
+from tests.exactness import SIGNIFICANCE, sampling_p_value
+from tests.models import tiny_pair
+
+
+class Recording(SuffixDecoding):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls = self.drafting = self.proposed = 0
+
+    def propose(self, context, gamma, sampler):
+        prop = super().propose(context, gamma, sampler)
+        self.calls += 1
+        self.drafting += prop.k > 0
+        self.proposed += prop.k
+        assert prop.k <= gamma and prop.q is None
+        # the policy's mirror of the context is the engine's context
+        assert self._context == context[0].tolist()
+        return prop
+
+
+def _stream(prompts, max_new, tenants=None):
+    tenants = tenants or [None] * len(prompts)
+    return Stream("unit", "test", [Prompt(tuple(p), f"d{i}", tenant=t) for i, (p, t) in enumerate(zip(prompts, tenants, strict=True))], max_new)
+
+
+# Later prompts repeat earlier ones, so the stream trie (earlier outputs) gets used too.
+PROMPTS = [[3, 9, 4, 3, 9, 4, 3, 9], [1], [5, 6, 7, 8, 5, 6, 2, 11], [3, 9, 4], [1], list(range(20, 33))]
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("cfg", [SuffixConfig(), SuffixConfig(max_depth=4, max_spec_factor=2.0, min_token_prob=0.0)],
+                         ids=["default", "shallow"])
+@pytest.mark.parametrize("scale", [1.0, 8.0])
+def test_greedy_output_equals_ar(gamma, cfg, scale):
+    _, target = tiny_pair(scale=scale)
+    stream = _stream(PROMPTS, max_new=30)
+    dc = DecodeConfig(gamma=gamma, max_new_tokens=30)
+    lm = CausalLM(target, "target")
+    ar = run_stream(lm, Autoregressive(), stream, dc)
+    policy = Recording(cfg)
+    run = run_stream(lm, policy, stream, dc)
+    assert [g.output_ids for g in run.generations] == [g.output_ids for g in ar.generations]
+    assert sum(s.drafted for s in run.steps) == policy.proposed > 0
+    assert sum(s.accepted for s in run.steps) > 0
+    assert len(run.steps) < len(ar.steps)
+    assert run.report["suffix_stream_tokens"] == sum(len(g.output_ids) for g in ar.generations)
+    assert run.report["suffix_drafts_from_stream"] > 0
+
+
+def test_stream_trie_is_per_tenant():
+    policy = SuffixDecoding(SuffixConfig(max_depth=8))
+    policy.begin_stream()
+    policy.begin_prompt(torch.tensor([[1, 2]]), "a")
+    policy.commit(torch.tensor([[1, 2, 3, 4, 5, 6]]))
+    policy.end_prompt(torch.tensor([[3, 4, 5, 6]]))
+    for tenant, expected in (("b", []), ("a", [5, 6]), (None, [])):
+        policy.begin_prompt(torch.tensor([[9, 3, 4]]), tenant)
+        assert policy.propose(torch.tensor([[9, 3, 4]]), 4, sampler=None).tokens[0].tolist() == expected
+    assert policy.report()["suffix_stream_tenants"] == 1
+
+
+def test_draft_length_grows_with_the_match_and_never_exceeds_gamma():
+    policy = SuffixDecoding(SuffixConfig(max_depth=16, max_spec_factor=1.0, min_token_prob=0.0))
+    policy.begin_prompt(torch.tensor([[7, 8, 9, 10, 11, 12, 13, 14, 15]]), None)
+    policy.end_prompt(torch.tensor([[7, 8, 9, 10, 11, 12, 13, 14, 15]]))
+    for context, gamma, expected in (
+        ([1, 7], 8, [8]),                       # match length 1 -> 1 token
+        ([1, 7, 8, 9], 8, [10, 11, 12]),        # match length 3 -> 3 tokens
+        ([1, 7, 8, 9], 2, [10, 11]),            # ... capped at gamma
+    ):
+        policy.begin_prompt(torch.tensor([context]), None)
+        assert policy.propose(torch.tensor([context]), gamma, sampler=None).tokens[0].tolist() == expected
+
+
+def test_token_budget_evicts_the_oldest_outputs():
+    _, target = tiny_pair(scale=8.0)
+    prompts = [[i, i + 1, i + 2] for i in range(0, 30, 3)]
+    stream = _stream(prompts, max_new=20)
+    policy = SuffixDecoding(SuffixConfig(max_tokens=50))
+    run = run_stream(CausalLM(target, "target"), policy, stream, DecodeConfig(gamma=3, max_new_tokens=20))
+    rep = run.report
+    assert rep["suffix_stream_tokens"] <= 50 and rep["suffix_stream_documents"] == 2
+    assert rep["suffix_evictions"] == len(prompts) - 2
+    assert rep["suffix_stream_nodes"] <= 50 * SuffixConfig().max_depth
+
+
+VOCAB = 8
+SAMPLING_PROMPT = [1, 5, 2, 1, 5, 2, 1, 5]
+
+
+@pytest.mark.parametrize("kw,samples", [
+    ({}, 1500),
+    pytest.param({"temperature": 0.7, "top_p": 0.9}, 3000, marks=pytest.mark.slow),
+], ids=["T1", "T0.7-top_p0.9"])
+def test_sampling_matches_target(kw, samples):
+    """One policy serves all samples, so its stream trie learns from earlier samples' outputs."""
+    _, target = tiny_pair(vocab=VOCAB, seed=11)
+    made: list[Recording] = []
+
+    def make():
+        made.append(Recording(SuffixConfig(min_token_prob=0.0)))
+        return made[-1]
+
+    p = sampling_p_value(target, make, SAMPLING_PROMPT, samples=samples, **kw)
+    assert p > SIGNIFICANCE, f"suffix changes the output distribution (p = {p:.2e})"
+    policy = made[0]
+    assert policy.drafting / policy.calls > 0.5, (policy.drafting, policy.calls)
+    assert policy.drafts_from["stream"] > 0
+
+
+def test_options_and_validation():
+    ctx = MethodContext(draft=None, draft_path=None, draft_fingerprint=None, eos_id=None, vocab_size=8,
+                        options={"suffix_max_depth": 7, "suffix_max_spec_factor": None,
+                                 "suffix_min_token_prob": 0.25, "suffix_max_tokens": 100})
+    cfg = SuffixDecoding.build(ctx).cfg
+    assert cfg == SuffixConfig(max_depth=7, max_spec_factor=1.0, min_token_prob=0.25, max_tokens=100)
+    for bad, message in (
+        ({"max_depth": 0}, "--suffix-max-depth must be >= 1, got 0"),
+        ({"max_spec_factor": 0.0}, "--suffix-max-spec-factor must be > 0, got 0.0"),
+        ({"min_token_prob": 1.5}, r"--suffix-min-token-prob must be in \[0, 1\], got 1.5"),
+        ({"max_tokens": 0}, "--suffix-max-tokens must be >= 1, got 0"),
+    ):
+        with pytest.raises(BadInput, match=message):
+            SuffixDecoding(SuffixConfig(**bad))
+    assert sorted(o.name for o in SuffixDecoding.cli_options) == [
+        "suffix_max_depth", "suffix_max_spec_factor", "suffix_max_tokens", "suffix_min_token_prob"]
