@@ -3,7 +3,9 @@
 The books track which of the bank's N slots hold a prototype, which tenant owns each, the
 least-recently-used order and hit / allocation / eviction counters. The arrays themselves
 (keys, support ids, bias values, counts) live in torch tensors on the device; the books only
-say which slot to write. Every operation is O(1), `touch` O(batch).
+say which slot to write. allocate, release, owner, is_valid and stats are O(1), touch is
+O(batch); the listing queries (recency, valid_slots) are O(N), meant for reports, tests and
+snapshots rather than the decoding loop.
 
 Tenants: with `quotas=None` tenants are created on first use and share the whole capacity
 (one global LRU). A tenant with a quota reserves that many slots, never holds more, and evicts
@@ -60,6 +62,9 @@ class Books:
     def allocate(self, tenant: str = "default") -> tuple[int, bool]:
         """(slot, evicted): a free slot, or the least recently used slot the tenant may evict
         (its own with a quota, else the pool's). The slot becomes the tenant's most recent."""
+    def allocate_many(self, count: int, tenant: str = "default") -> list[tuple[int, bool]]:
+        """`count` allocations in one call, exactly as `allocate` called `count` times (if the
+        first raises nothing changes; once one succeeds the rest cannot fail)."""
     def touch(self, slots: Sequence[int] | npt.NDArray[numpy.int32] | npt.NDArray[numpy.int64]) -> None:
         """Mark used slots as used, in order (the last is the most recent); one hit per entry.
         SlotError (and no change at all) if any entry is out of range or free."""

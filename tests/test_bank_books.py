@@ -170,3 +170,13 @@ def test_pickled_state_is_checked():
     with pytest.raises(SnapshotCorrupt):
         fresh.__setstate__((version, b"\xff"))
     assert fresh.recency() == [] and len(fresh) == 0, "a refused state leaves the books untouched"
+
+
+def test_allocate_many_equals_allocate_in_a_loop():
+    a, b = filled(3, 2), filled(3, 2)
+    assert a.allocate_many(3) == [b.allocate() for _ in range(3)] == [(2, False), (0, True), (1, True)]
+    assert a.__getstate__() == b.__getstate__()
+    q = Books(3, {"z": 0})
+    with pytest.raises(QuotaError):
+        q.allocate_many(2, "z")
+    assert len(q) == 0 and q.stats("z")["allocations"] == 0

@@ -81,6 +81,9 @@ class ModelBooks:
         self.counters[tenant]["allocations"] += 1
         return slot, evicted
 
+    def allocate_many(self, count: int, tenant: str = "default") -> list[tuple[int, bool]]:
+        return [self.allocate(tenant) for _ in range(count)]
+
     def check_used(self, slot: int) -> None:
         if not 0 <= slot < self.capacity or slot not in self.order:
             fail("SlotError")
@@ -157,6 +160,7 @@ bad_slot = st.none() | st.integers(-1, 9)
 allocate = st.tuples(st.just("allocate"), tenant)
 operation = st.one_of(
     allocate, allocate, allocate,  # weighted: evictions need more allocations than slots
+    st.tuples(st.just("allocate_many"), st.integers(0, 4), tenant),
     st.tuples(st.just("touch"), st.lists(st.integers(0, 63), max_size=6), bad_slot, st.integers(0, 6)),
     st.tuples(st.just("release"), st.integers(0, 63), bad_slot),
     st.tuples(st.just("add_tenant"), st.sampled_from(TENANT_NAMES + NEW_TENANTS), quota),

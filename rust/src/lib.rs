@@ -16,7 +16,7 @@ use numpy::{
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyFileNotFoundError, PyOSError, PyPermissionError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 create_exception!(drift_cli._bank, BankError, PyException, "Base of every error the bank raises.");
 create_exception!(drift_cli._bank, TenantError, BankError, "A tenant added twice or badly named.");
@@ -67,6 +67,9 @@ fn slot_ids(slots: &Bound<'_, PyAny>, capacity: u32) -> PyResult<Vec<u32>> {
     }
     if let Ok(a) = slots.cast::<PyArray1<i32>>() {
         return a.readonly().as_array().iter().map(|&s| slot_id(s.into(), capacity)).collect();
+    }
+    if let Ok(list) = slots.cast::<PyList>() {
+        return list.iter().map(|s| slot_id(s.extract()?, capacity)).collect();
     }
     let ids: Vec<i64> = slots.extract()?;
     ids.into_iter().map(|s| slot_id(s, capacity)).collect()
@@ -129,6 +132,13 @@ impl PyBooks {
     fn allocate(&mut self, tenant: &str) -> PyResult<(u32, bool)> {
         let a = self.inner.allocate(tenant).map_err(py_err)?;
         Ok((a.slot, a.evicted_from.is_some()))
+    }
+
+    /// `count` allocations in one call: [(slot, evicted), ...], as `allocate` in a loop.
+    #[pyo3(signature = (count, tenant = "default"))]
+    fn allocate_many(&mut self, count: usize, tenant: &str) -> PyResult<Vec<(u32, bool)>> {
+        let all = self.inner.allocate_many(tenant, count).map_err(py_err)?;
+        Ok(all.into_iter().map(|a| (a.slot, a.evicted_from.is_some())).collect())
     }
 
     /// Marks the slots used in order (last = most recent); all-or-nothing.

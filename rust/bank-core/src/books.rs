@@ -9,12 +9,19 @@
 //!
 //! Free slots are a stack: a fresh bank hands out 0, 1, 2, ...; a released slot is reused first.
 //!
-//! Every operation is O(1), or O(batch) for `touch`; the listing queries are O(result).
+//! Layout: one record per slot (link, owner, use stamp) in a single array, so a touched slot is one
+//! cache line. Each used slot sits in exactly one *eviction group* list: its tenant's list for a
+//! quota tenant, the pool list otherwise, so a touch moves one list entry. The global order is
+//! the use stamp (a counter bumped on every allocation and every touched entry).
+//!
+//! `allocate`, `release`, `is_valid`, `owner`, `stats` are O(1); `touch` is O(batch); the
+//! listing queries are O(N) (`recency(None)` O(N log N): a sort by stamp), meant for reports,
+//! tests and snapshots, not for the decoding loop.
 
 use std::collections::HashMap;
 
 use crate::error::{BankError, Result};
-use crate::lru::{Links, List, NIL};
+use crate::lru::{self, Link, List, NIL};
 
 /// Largest supported capacity (slot ids are u32 and `u32::MAX` marks "none").
 pub const MAX_CAPACITY: u64 = (u32::MAX - 1) as u64;
@@ -47,11 +54,12 @@ pub struct Stats {
     pub capacity: u64,
 }
 
-/// What `allocate` did: the slot now owned by the tenant, and the tenant it was taken from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What `allocate` did: the slot now owned by the tenant, and the index (see
+/// `Books::tenant_name`) of the tenant it was evicted from, if it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Allocation {
     pub slot: u32,
-    pub evicted_from: Option<String>,
+    pub evicted_from: Option<u32>,
 }
 
 #[derive(Clone, Debug)]
@@ -59,7 +67,28 @@ pub(crate) struct Tenant {
     pub name: String,
     pub quota: Option<u32>,
     pub counters: Counters,
-    pub list: List, // this tenant's slots in LRU order
+    pub used: u32,
+    pub list: List, // a quota tenant's slots in LRU order (unused for pool tenants)
+}
+
+/// One slot: its place in its eviction group's list, its owner and its last use.
+#[derive(Clone, Copy, Debug)]
+struct SlotRecord {
+    link: Link,
+    owner: u32, // tenant index, NIL when free
+    stamp: u64, // clock value of the last allocation or touch
+}
+
+impl AsRef<Link> for SlotRecord {
+    fn as_ref(&self) -> &Link {
+        &self.link
+    }
+}
+
+impl AsMut<Link> for SlotRecord {
+    fn as_mut(&mut self) -> &mut Link {
+        &mut self.link
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -68,14 +97,12 @@ pub struct Books {
     auto_create: bool,
     tenants: Vec<Tenant>,
     by_name: HashMap<String, u32>,
-    reserved: u32,      // Σ quotas
-    owner: Vec<u32>,    // [N] tenant index, NIL when free
-    free: Vec<u32>,     // stack of free slots; the last entry is handed out next
-    tenant_links: Links, // per-tenant LRU lists
-    pool_links: Links,  // LRU list of the slots of tenants without quota
-    global_links: Links, // LRU list of every used slot
-    pool: List,
-    global: List,
+    reserved: u32,          // Σ quotas
+    slots: Vec<SlotRecord>, // [N]
+    free: Vec<u32>,         // stack of free slots; the last entry is handed out next
+    pool: List,             // LRU list of the slots of tenants without quota
+    used: u32,
+    clock: u64,
     counters: Counters,
 }
 
@@ -95,13 +122,11 @@ impl Books {
             tenants: Vec::new(),
             by_name: HashMap::new(),
             reserved: 0,
-            owner: vec![NIL; n],
+            slots: vec![SlotRecord { link: Link::NONE, owner: NIL, stamp: 0 }; n],
             free: (0..capacity as u32).rev().collect(),
-            tenant_links: Links::new(n),
-            pool_links: Links::new(n),
-            global_links: Links::new(n),
             pool: List::EMPTY,
-            global: List::EMPTY,
+            used: 0,
+            clock: 0,
             counters: Counters::default(),
         };
         for (name, quota) in quotas.unwrap_or(&[]) {
@@ -120,11 +145,16 @@ impl Books {
 
     /// Used slots.
     pub fn len(&self) -> u32 {
-        self.global.len
+        self.used
     }
 
     pub fn is_empty(&self) -> bool {
-        self.global.len == 0
+        self.used == 0
+    }
+
+    /// The name of tenant index `t` (as in `Allocation::evicted_from`).
+    pub fn tenant_name(&self, t: u32) -> &str {
+        &self.tenants[t as usize].name
     }
 
     /// Slots left to tenants without quota.
@@ -155,6 +185,7 @@ impl Books {
             name: name.to_owned(),
             quota: quota.map(|q| q as u32),
             counters: Counters::default(),
+            used: 0,
             list: List::EMPTY,
         });
         self.by_name.insert(name.to_owned(), index);
@@ -167,11 +198,11 @@ impl Books {
         let victim = self.victim(t)?;
         let evicted_from = match victim {
             Some(slot) => {
-                let loser = self.owner[slot as usize];
+                let loser = self.slots[slot as usize].owner;
                 self.detach(slot);
                 self.tenants[loser as usize].counters.evictions += 1;
                 self.counters.evictions += 1;
-                Some(self.tenants[loser as usize].name.clone())
+                Some(loser)
             }
             None => None,
         };
@@ -188,6 +219,12 @@ impl Books {
         Ok(Allocation { slot, evicted_from })
     }
 
+    /// `count` allocations for one tenant in one call (what one DRIFT update needs). If the
+    /// first fails nothing changes; once one succeeds the rest cannot fail.
+    pub fn allocate_many(&mut self, tenant: &str, count: usize) -> Result<Vec<Allocation>> {
+        (0..count).map(|_| self.allocate(tenant)).collect()
+    }
+
     /// Marks `slots` used, in order (the last is the most recent); one hit per entry.
     /// Checks the whole batch first, so an invalid entry changes nothing.
     pub fn touch(&mut self, slots: &[u32]) -> Result<()> {
@@ -195,14 +232,13 @@ impl Books {
             self.check_used(slot)?;
         }
         for &slot in slots {
-            let t = self.owner[slot as usize];
-            let tenant = &mut self.tenants[t as usize];
-            self.tenant_links.move_to_mru(&mut tenant.list, slot);
-            if tenant.quota.is_none() {
-                self.pool_links.move_to_mru(&mut self.pool, slot);
-            }
-            self.global_links.move_to_mru(&mut self.global, slot);
+            self.clock += 1;
+            let record = &mut self.slots[slot as usize];
+            record.stamp = self.clock;
+            let tenant = &mut self.tenants[record.owner as usize];
             tenant.counters.hits += 1;
+            let group = if tenant.quota.is_some() { &mut tenant.list } else { &mut self.pool };
+            lru::move_to_mru(&mut self.slots, group, slot);
         }
         self.counters.hits += slots.len() as u64;
         Ok(())
@@ -215,13 +251,24 @@ impl Books {
         Ok(())
     }
 
-    /// Used slots, least recently used first: all of them, or one tenant's.
+    /// Used slots, least recently used first: all of them (sorted by use stamp), or one
+    /// tenant's (its own list, or the pool list filtered to it).
     pub fn recency(&self, tenant: Option<&str>) -> Result<Vec<u32>> {
         Ok(match tenant {
-            None => self.global_links.iter(&self.global).collect(),
+            None => {
+                let mut used = self.valid_slots(None)?;
+                used.sort_unstable_by_key(|&s| self.slots[s as usize].stamp);
+                used
+            }
             Some(name) => {
-                let t = &self.tenants[self.tenant_index(name)? as usize];
-                self.tenant_links.iter(&t.list).collect()
+                let t = self.tenant_index(name)?;
+                let tenant = &self.tenants[t as usize];
+                match tenant.quota {
+                    Some(_) => lru::iter(&self.slots, &tenant.list).collect(),
+                    None => lru::iter(&self.slots, &self.pool)
+                        .filter(|&s| self.slots[s as usize].owner == t)
+                        .collect(),
+                }
             }
         })
     }
@@ -229,7 +276,7 @@ impl Books {
     /// Used slots in ascending order: all of them, or one tenant's.
     pub fn valid_slots(&self, tenant: Option<&str>) -> Result<Vec<u32>> {
         match tenant {
-            None => Ok((0..self.capacity).filter(|&s| self.owner[s as usize] != NIL).collect()),
+            None => Ok((0..self.capacity).filter(|&s| self.slots[s as usize].owner != NIL).collect()),
             Some(_) => {
                 let mut slots = self.recency(tenant)?;
                 slots.sort_unstable();
@@ -240,12 +287,12 @@ impl Books {
 
     pub fn is_valid(&self, slot: u32) -> Result<bool> {
         self.check_range(slot)?;
-        Ok(self.owner[slot as usize] != NIL)
+        Ok(self.slots[slot as usize].owner != NIL)
     }
 
     pub fn owner(&self, slot: u32) -> Result<Option<&str>> {
         self.check_range(slot)?;
-        Ok(match self.owner[slot as usize] {
+        Ok(match self.slots[slot as usize].owner {
             NIL => None,
             t => Some(self.tenants[t as usize].name.as_str()),
         })
@@ -260,14 +307,14 @@ impl Books {
         Ok(match tenant {
             None => Stats {
                 counters: self.counters,
-                used: self.global.len.into(),
+                used: self.used.into(),
                 capacity: self.capacity.into(),
             },
             Some(name) => {
                 let t = &self.tenants[self.tenant_index(name)? as usize];
                 Stats {
                     counters: t.counters,
-                    used: t.list.len.into(),
+                    used: t.used.into(),
                     capacity: t.quota.unwrap_or(self.pool_capacity()).into(),
                 }
             }
@@ -284,14 +331,14 @@ impl Books {
     }
 
     pub(crate) fn owner_index(&self, slot: u32) -> u32 {
-        self.owner[slot as usize]
+        self.slots[slot as usize].owner
     }
 
     // ---- restoring from a serialised state (see `state.rs`) ----
 
     /// Gives `slot` (free, not yet on the free stack) to tenant index `t` as its most recent slot.
     pub(crate) fn restore_used(&mut self, slot: u32, t: u32) -> std::result::Result<(), String> {
-        if slot >= self.capacity || self.owner[slot as usize] != NIL {
+        if slot >= self.capacity || self.slots[slot as usize].owner != NIL {
             return Err(format!("slot {slot} out of range or listed twice in the recency order"));
         }
         if t as usize >= self.tenants.len() {
@@ -299,7 +346,7 @@ impl Books {
         }
         let tenant = &self.tenants[t as usize];
         let full = match tenant.quota {
-            Some(q) => tenant.list.len >= q,
+            Some(q) => tenant.used >= q,
             None => self.pool.len >= self.pool_capacity(),
         };
         if full {
@@ -313,12 +360,12 @@ impl Books {
     pub(crate) fn restore_free(&mut self, free: Vec<u32>) -> std::result::Result<(), String> {
         let mut seen = vec![false; self.capacity as usize];
         for &s in &free {
-            if s >= self.capacity || self.owner[s as usize] != NIL || seen[s as usize] {
+            if s >= self.capacity || self.slots[s as usize].owner != NIL || seen[s as usize] {
                 return Err(format!("free list entry {s} is out of range, used, or repeated"));
             }
             seen[s as usize] = true;
         }
-        if free.len() as u32 + self.global.len != self.capacity {
+        if free.len() as u32 + self.used != self.capacity {
             return Err("free list and recency order do not cover every slot".into());
         }
         self.free = free;
@@ -363,7 +410,7 @@ impl Books {
     fn victim(&self, t: u32) -> Result<Option<u32>> {
         let tenant = &self.tenants[t as usize];
         let (used, limit, lru) = match tenant.quota {
-            Some(q) => (tenant.list.len, q, tenant.list.head),
+            Some(q) => (tenant.used, q, tenant.list.head),
             None => (self.pool.len, self.pool_capacity(), self.pool.head),
         };
         if used < limit {
@@ -378,25 +425,29 @@ impl Books {
         }
     }
 
+    /// Gives free `slot` to tenant `t` as the most recently used slot of its eviction group.
     fn attach(&mut self, slot: u32, t: u32) {
-        self.owner[slot as usize] = t;
+        self.clock += 1;
+        let record = &mut self.slots[slot as usize];
+        record.owner = t;
+        record.stamp = self.clock;
         let tenant = &mut self.tenants[t as usize];
-        self.tenant_links.push_mru(&mut tenant.list, slot);
-        if tenant.quota.is_none() {
-            self.pool_links.push_mru(&mut self.pool, slot);
-        }
-        self.global_links.push_mru(&mut self.global, slot);
+        tenant.used += 1;
+        let group = if tenant.quota.is_some() { &mut tenant.list } else { &mut self.pool };
+        lru::push_mru(&mut self.slots, group, slot);
+        self.used += 1;
     }
 
+    /// Takes used `slot` away from its owner (it is then neither used nor on the free stack).
     fn detach(&mut self, slot: u32) {
-        let t = self.owner[slot as usize];
+        let record = &mut self.slots[slot as usize];
+        let t = record.owner;
+        record.owner = NIL;
         let tenant = &mut self.tenants[t as usize];
-        self.tenant_links.unlink(&mut tenant.list, slot);
-        if tenant.quota.is_none() {
-            self.pool_links.unlink(&mut self.pool, slot);
-        }
-        self.global_links.unlink(&mut self.global, slot);
-        self.owner[slot as usize] = NIL;
+        tenant.used -= 1;
+        let group = if tenant.quota.is_some() { &mut tenant.list } else { &mut self.pool };
+        lru::unlink(&mut self.slots, group, slot);
+        self.used -= 1;
     }
 
     fn check_range(&self, slot: u32) -> Result<()> {
@@ -411,7 +462,7 @@ impl Books {
 
     fn check_used(&self, slot: u32) -> Result<()> {
         self.check_range(slot)?;
-        if self.owner[slot as usize] == NIL {
+        if self.slots[slot as usize].owner == NIL {
             return Err(BankError::Slot(format!("slot {slot} is free")));
         }
         Ok(())

@@ -14,7 +14,7 @@ fn quotas(n: u64, q: &[(&str, Option<u64>)]) -> Books {
 
 fn alloc(b: &mut Books, t: &str) -> (u32, Option<String>) {
     let a = b.allocate(t).unwrap();
-    (a.slot, a.evicted_from)
+    (a.slot, a.evicted_from.map(|i| b.tenant_name(i).to_owned()))
 }
 
 #[test]
@@ -33,6 +33,19 @@ fn fresh_slots_come_in_order_then_the_lru_is_evicted() {
     assert_eq!((s.counters.hits, s.counters.allocations, s.counters.evictions, s.used), (1, 4, 1, 3));
     let a = b.stats(Some("a")).unwrap();
     assert_eq!((a.counters.allocations, a.counters.evictions, a.used), (2, 1, 1));
+}
+
+#[test]
+fn allocate_many_is_allocate_in_a_loop() {
+    let (mut a, mut b) = (shared(3), shared(3));
+    b.touch(&[]).unwrap();
+    let many = a.allocate_many("t", 5).unwrap();
+    let one: Vec<_> = (0..5).map(|_| b.allocate("t").unwrap()).collect();
+    assert_eq!(many, one);
+    assert_eq!(many.iter().map(|x| x.slot).collect::<Vec<_>>(), vec![0, 1, 2, 0, 1]);
+    let mut q = quotas(3, &[("z", Some(0))]);
+    assert!(matches!(q.allocate_many("z", 2), Err(BankError::Quota(_))));
+    assert_eq!(q.len(), 0);
 }
 
 #[test]
