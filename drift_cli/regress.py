@@ -1,0 +1,420 @@
+"""The acceptance regression gate: pin a draft/target pair's acceptance, re-measure it later.
+
+A draft is tuned against one target checkpoint. When the target changes, acceptance can fall
+while every output stays correct, so nothing else notices. `pin` measures acceptance on a fixed
+regression stream and writes a versioned baseline; `check` rebuilds the same stream, measures
+again and fails (exit 1) when acceptance fell by more than the tolerance.
+
+Measurement reuses `drift_cli.bench` (one runner) and `drift_cli.metrics` (one formula).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from drift_cli import metrics
+from drift_cli.bench import BenchConfig, Models, check_preset, load_models, load_stream, resolve_scenario, run_methods
+from drift_cli.errors import BadInput, CheckFailed
+from drift_cli.results import atomic_write_json, environment
+from drift_cli.stream import Stream
+
+BASELINE_KIND = "drift-regress-baseline"
+BASELINE_VERSION = 1
+DEFAULT_TOLERANCE = 0.02        # absolute acceptance (see docs/regress.md for the reasoning)
+GATED_METHODS = ("vanilla", "drift")   # methods whose acceptance depends on the draft/target pair
+DEFAULT_BASELINE_DIR = Path("results/baselines")
+Progress = Callable[[str, float, float], None]
+
+
+@dataclass
+class RegressConfig:
+    """What one measurement needs. The defaults are the regression stream: the indist dev split
+    (all 20 prompts), 64 new tokens each: about 1300 drafted positions, seconds on micro."""
+
+    zoo: str | None = "micro"
+    draft: str | None = None
+    target: str | None = None
+    methods: str = "vanilla"
+    scenario: str | None = "indist"
+    corpus: str | None = None
+    split: str = "dev"
+    max_prompts: int = 20
+    max_new_tokens: int = 64
+    gamma: int = 4
+    temperature: float = 0.0
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def method_names(self) -> list[str]:
+        from drift_cli.methods import resolve_methods
+
+        names = resolve_methods(self.methods)      # did-you-mean on unknown names
+        if not names:
+            raise BadInput("--methods is empty; give vanilla or vanilla,drift")
+        for n in names:
+            if n not in GATED_METHODS:
+                raise BadInput(f"method '{n}' cannot be gated: its acceptance does not depend on the "
+                               f"draft/target pair; choose from {', '.join(GATED_METHODS)}")
+        return list(dict.fromkeys(names))
+
+    def bench_config(self) -> BenchConfig:
+        cfg = BenchConfig(scenario=self.scenario, corpus=self.corpus, methods=self.methods,
+                          zoo=self.zoo or "micro", draft=self.draft, target=self.target, split=self.split,
+                          max_prompts=self.max_prompts, max_new_tokens=self.max_new_tokens, gamma=self.gamma,
+                          temperature=self.temperature, seed=self.seed, device=self.device, dtype=self.dtype,
+                          control=False)
+        cfg.validate()
+        if self.draft is None and self.zoo is None:
+            raise BadInput("give --zoo PRESET or both --draft PATH and --target PATH")
+        return cfg
+
+
+# ---- identities --------------------------------------------------------------------------------
+
+def tokenizer_identity(tokenizer) -> str:
+    """sha256 of the token -> id map (sorted), the thing speculative decoding needs to agree on."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def stream_recipe(cfg: RegressConfig, stream: Stream) -> dict[str, Any]:
+    """Everything needed to rebuild the regression stream (plus what it came out as)."""
+    return {"scenario": cfg.scenario, "corpus": cfg.corpus, "name": stream.scenario, "split": cfg.split,
+            "max_prompts": cfg.max_prompts, "prompts": len(stream.prompts),
+            "max_new_tokens": stream.max_new_tokens, "identity": stream.identity(),
+            "scenario_recipe_sha256": stream.meta.get("recipe_sha256"),
+            "scenario_version": stream.meta.get("scenario_version")}
+
+
+# ---- measuring ---------------------------------------------------------------------------------
+
+def per_prompt_counts(run) -> tuple[list[int], list[int]]:
+    """(accepted, drafted) per prompt, for the prompts that drafted anything."""
+    pairs = [(sum(s.accepted for s in g.steps), sum(s.drafted for s in g.steps)) for g in run.generations]
+    pairs = [(a, d) for a, d in pairs if d]
+    return [a for a, _ in pairs], [d for _, d in pairs]
+
+
+def bootstrap_pooled_ci(accepted: list[int], drafted: list[int], n_boot: int = 2000, seed: int = 0,
+                        level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of the pooled acceptance sum(accepted) / sum(drafted), resampling
+    prompts (the same resampling as `metrics.bootstrap_ci`, for a ratio instead of a mean)."""
+    a, d = np.asarray(accepted, dtype=float), np.asarray(drafted, dtype=float)
+    if len(a) == 0:
+        return (math.nan, math.nan)
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(n_boot, len(a)))   # [n_boot, prompts]
+    ratios = a[idx].sum(axis=1) / d[idx].sum(axis=1)
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def method_acceptance(run) -> dict[str, Any]:
+    """Pooled acceptance (the gated number, `metrics.acceptance_rate`) with a bootstrap 95% CI
+    over prompts, and the per-prompt values."""
+    accepted, drafted = per_prompt_counts(run)
+    steps = run.steps
+    return {
+        "acceptance_rate": metrics.acceptance_rate(steps),
+        "acceptance_ci95": list(bootstrap_pooled_ci(accepted, drafted)),
+        "per_prompt_accepted": accepted,
+        "per_prompt_drafted": drafted,
+        "mean_accepted_length": metrics.mean_accepted_length(steps),
+        "drafted_tokens": int(sum(drafted)),
+        "accepted_tokens": int(sum(accepted)),
+        "complete": run.complete,
+    }
+
+
+def load_pair(cfg: RegressConfig, progress: Progress | None = None) -> Models:
+    bcfg = cfg.bench_config()
+    check_preset(bcfg)
+    return load_models(bcfg, progress)
+
+
+def build_stream(cfg: RegressConfig, tokenizer) -> Stream:
+    bcfg = cfg.bench_config()
+    return load_stream(bcfg, tokenizer, resolve_scenario(bcfg))
+
+
+@contextlib.contextmanager
+def measuring_threads():
+    """Intra-op CPU threads while measuring: $DRIFT_REGRESS_THREADS, default 1. One thread keeps
+    the float reduction order fixed (greedy ties cannot flip between runs) and, for small models
+    on a shared machine, is 20x faster than two oversubscribed threads (1.6 s vs 31 s measured)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(measuring_thread_count())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def measuring_thread_count() -> int:
+    text = os.environ.get("DRIFT_REGRESS_THREADS", "1")
+    try:
+        return max(1, int(text))
+    except ValueError:
+        raise BadInput(f"DRIFT_REGRESS_THREADS must be a positive integer (got {text!r})") from None
+
+
+def measure(cfg: RegressConfig, models: Models, stream: Stream, progress: Progress | None = None) -> dict[str, dict]:
+    names = cfg.method_names()
+    with measuring_threads():
+        runs, _ = run_methods(names, models, stream, cfg.bench_config(), progress)
+    missing = [n for n in names if n not in runs or not runs[n].complete]
+    if missing:   # run_stream stops early only on Ctrl-C: pass it on, write nothing half-measured
+        raise KeyboardInterrupt
+    return {n: method_acceptance(runs[n]) for n in names}
+
+
+def describe_models(models: Models) -> dict[str, Any]:
+    return {"draft": models.pair.draft_info.to_json(), "target": models.pair.target_info.to_json(),
+            "zoo": models.zoo_preset}
+
+
+def method_configs(names: list[str]) -> dict[str, Any]:
+    """The method's own settings at their defaults (a changed default changes acceptance too)."""
+    out: dict[str, Any] = {}
+    if "drift" in names:
+        from drift_cli.drift.config import DriftConfig
+
+        out["drift"] = json.loads(DriftConfig.from_options({}).to_json())
+    return out
+
+
+# ---- pin ---------------------------------------------------------------------------------------
+
+def default_baseline_path(cfg: RegressConfig) -> Path:
+    pair = cfg.zoo if cfg.draft is None else Path(cfg.target).name
+    return DEFAULT_BASELINE_DIR / f"{pair}.json"
+
+
+def pin(cfg: RegressConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Measure the pair on the regression stream; returns the baseline document (not written)."""
+    names = cfg.method_names()
+    bcfg = cfg.bench_config()
+    resolve_scenario(bcfg)                 # a bad scenario fails before any model loads
+    models = load_pair(cfg, progress)
+    stream = build_stream(cfg, models.pair.tokenizer)
+    measured = measure(cfg, models, stream, progress)
+    return {
+        "kind": BASELINE_KIND,
+        "baseline_version": BASELINE_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "pair": describe_models(models),
+        "tokenizer": {"identity": tokenizer_identity(models.pair.tokenizer)},
+        "stream": stream_recipe(cfg, stream),
+        "decode": {"gamma": cfg.gamma, "temperature": cfg.temperature, "seed": cfg.seed,
+                   "device": cfg.device, "dtype": cfg.dtype, "cpu_threads": measuring_thread_count()},
+        "method_config": method_configs(names),
+        "methods": measured,
+        "env": environment(),
+    }
+
+
+def write_baseline(path: Path, baseline: dict) -> Path:
+    atomic_write_json(Path(path), baseline)
+    return Path(path)
+
+
+# ---- check -------------------------------------------------------------------------------------
+
+REQUIRED = {"pair": dict, "tokenizer": dict, "stream": dict, "decode": dict, "methods": dict}
+
+
+def load_baseline(path: Path) -> dict:
+    """The baseline at `path`, or BadInput naming what is wrong with it."""
+    p = Path(path)
+    if not p.is_file():
+        raise BadInput(f"baseline {p} not found (create one with `drift regress pin --out {p}`)")
+    try:
+        doc = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInput(f"baseline {p} is not valid JSON ({e}); re-pin it with `drift regress pin`") from e
+    if not isinstance(doc, dict) or doc.get("kind") != BASELINE_KIND:
+        raise BadInput(f"{p} is not a drift regress baseline (kind {doc.get('kind') if isinstance(doc, dict) else None!r})")
+    if doc.get("baseline_version") != BASELINE_VERSION:
+        raise BadInput(f"baseline {p} has version {doc.get('baseline_version')!r}; this drift-bench reads "
+                       f"version {BASELINE_VERSION}: re-pin with `drift regress pin`")
+    for key, typ in REQUIRED.items():
+        if not isinstance(doc.get(key), typ):
+            raise BadInput(f"baseline {p} is incomplete: field '{key}' is missing or malformed")
+    if not doc["methods"] or any(not isinstance(m, dict) or not isinstance(m.get("acceptance_rate"), (int, float))
+                                 for m in doc["methods"].values()):
+        raise BadInput(f"baseline {p} is incomplete: no measured acceptance per method")
+    return doc
+
+
+def config_from_baseline(doc: dict, zoo: str | None = None, draft: str | None = None, target: str | None = None,
+                         device: str | None = None) -> RegressConfig:
+    """The baseline's measurement settings; the pair from the flags, else the one it recorded."""
+    s, d, pair = doc["stream"], doc["decode"], doc["pair"]
+    if (draft is None) != (target is None):
+        raise BadInput("give both --draft and --target, or neither")
+    if draft is None and zoo is None:
+        if pair.get("zoo"):
+            zoo = pair["zoo"]
+        else:
+            draft, target = pair["draft"]["path"], pair["target"]["path"]
+    try:
+        return RegressConfig(zoo=zoo if draft is None else None, draft=draft, target=target,
+                             methods=",".join(doc["methods"]), scenario=s.get("scenario"), corpus=s.get("corpus"),
+                             split=s["split"], max_prompts=int(s["max_prompts"]),
+                             max_new_tokens=int(s["max_new_tokens"]), gamma=int(d["gamma"]),
+                             temperature=float(d["temperature"]), seed=int(d["seed"]),
+                             device=device or d.get("device", "cpu"), dtype=d.get("dtype", "float32"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadInput(f"baseline is incomplete: stream/decode field {e} is missing or malformed") from e
+
+
+def check_tokenizer(doc: dict, tokenizer) -> None:
+    """Refuse (exit 2) a pair whose tokenizer is not the pinned one: its acceptance is not comparable."""
+    tok = tokenizer_identity(tokenizer)
+    if tok != doc["tokenizer"].get("identity"):
+        raise BadInput(f"the pair's tokenizer differs from the baseline's (vocab hash {tok[:12]} vs "
+                       f"{str(doc['tokenizer'].get('identity'))[:12]}): acceptance is not comparable; re-pin")
+
+
+def check_stream(doc: dict, stream: Stream) -> None:
+    """Refuse (exit 2) when the rebuilt regression stream is not the pinned one."""
+    ident = stream.identity()
+    if ident != doc["stream"].get("identity"):
+        s = doc["stream"]
+        raise BadInput(f"the regression stream differs from the baseline's ({s.get('name')}/{s.get('split')}, "
+                       f"{s.get('prompts')} prompts x {s.get('max_new_tokens')} tokens: identity {ident[:12]} vs "
+                       f"{str(s.get('identity'))[:12]}); the scenario data or recipe changed; re-pin")
+
+
+@dataclass
+class Verdict:
+    method: str
+    old: float
+    new: float
+    old_ci: list[float]
+    new_ci: list[float]
+
+    @property
+    def drop(self) -> float:
+        return self.old - self.new
+
+    def failed(self, tolerance: float) -> bool:
+        return self.drop > tolerance + 1e-12    # equal to the tolerance passes; float noise does not fail
+
+
+def compare(doc: dict, measured: dict[str, dict]) -> list[Verdict]:
+    return [Verdict(name, float(old["acceptance_rate"]), float(measured[name]["acceptance_rate"] or 0.0),
+                    list(old.get("acceptance_ci95") or [math.nan, math.nan]),
+                    list(measured[name]["acceptance_ci95"]))
+            for name, old in doc["methods"].items()]
+
+
+def fingerprint_changes(doc: dict, now: dict) -> dict[str, tuple[str, str]]:
+    """role -> (old, new) for each checkpoint whose fingerprint differs from the baseline's."""
+    out = {}
+    for role in ("draft", "target"):
+        old, new = doc["pair"][role].get("fingerprint"), now[role]["fingerprint"]
+        if old != new:
+            out[role] = (old, new)
+    return out
+
+
+def _fp(x: str | None) -> str:
+    return (x or "?")[:12]
+
+
+def pair_name(now: dict) -> str:
+    label = f"zoo '{now['zoo']}' pair" if now.get("zoo") else "pair"
+    return f"{label} (draft {now['draft']['path']}, target {now['target']['path']})"
+
+
+def fingerprint_sentence(doc: dict, now: dict) -> str:
+    changed = fingerprint_changes(doc, now)
+    if not changed:
+        return (f"Checkpoints unchanged: draft {_fp(now['draft']['fingerprint'])}, "
+                f"target {_fp(now['target']['fingerprint'])} match the baseline.")
+    parts = [f"{role} fingerprint changed {_fp(o)} -> {_fp(n)}" for role, (o, n) in changed.items()]
+    same = [r for r in ("draft", "target") if r not in changed]
+    tail = f"; {same[0]} unchanged ({_fp(now[same[0]]['fingerprint'])})" if same else ""
+    return "Checkpoint changed: " + "; ".join(parts) + tail + "."
+
+
+def _ci(ci: list[float]) -> str:
+    return f"(95% CI {ci[0]:.3f}-{ci[1]:.3f})" if ci and not any(map(math.isnan, ci)) else ""
+
+
+def _change(v: Verdict, tolerance: float) -> str:
+    if v.failed(tolerance):
+        return f"a drop of {v.drop:.3f}, more than the tolerance {tolerance:.3f}"
+    if abs(v.drop) < 5e-4:
+        return f"no change (tolerance {tolerance:.3f})"
+    word = "a drop" if v.drop > 0 else "a rise"
+    return f"{word} of {abs(v.drop):.3f}, within the tolerance {tolerance:.3f}"
+
+
+def verdict_paragraph(doc: dict, now: dict, verdicts: list[Verdict], tolerance: float) -> str:
+    """One paragraph: the pair, old and new fingerprints, old and new acceptance, the drop."""
+    s, d = doc["stream"], doc["decode"]
+    failed = [v for v in verdicts if v.failed(tolerance)]
+    head = ("Acceptance regression" if failed else "Acceptance held") + f" for the {pair_name(now)}: "
+    per_method = "; ".join(f"{v.method} acceptance {v.old:.3f} {_ci(v.old_ci)} -> {v.new:.3f} {_ci(v.new_ci)}, "
+                           f"{_change(v, tolerance)}" for v in verdicts)
+    where = (f"Measured on {s.get('name')}/{s.get('split')}, {s.get('prompts')} prompts x "
+             f"{s.get('max_new_tokens')} new tokens (stream {_fp(s.get('identity'))}), gamma {d['gamma']}, "
+             f"temperature {d['temperature']}, seed {d['seed']}.")
+    advice = (" The draft was tuned against the baseline's target: re-distil or re-tune it for the new target, "
+              "or re-pin with `drift regress pin` if the lower acceptance is accepted." if failed else "")
+    return f"{head}{per_method}. {fingerprint_sentence(doc, now)} {where}{advice}"
+
+
+def check(doc: dict, cfg: RegressConfig, tolerance: float = DEFAULT_TOLERANCE,
+          progress: Progress | None = None) -> dict[str, Any]:
+    """Re-measure the baseline's stream; returns the check report (passed or not, never raises
+    CheckFailed itself: `enforce` does)."""
+    if not 0 <= tolerance <= 1:
+        raise BadInput(f"--tolerance must be in [0, 1] (an absolute drop in acceptance; got {tolerance})")
+    resolve_scenario(cfg.bench_config())
+    models = load_pair(cfg, progress)
+    check_tokenizer(doc, models.pair.tokenizer)   # first: a new tokenizer also changes the stream
+    stream = build_stream(cfg, models.pair.tokenizer)
+    check_stream(doc, stream)
+    measured = measure(cfg, models, stream, progress)
+    now = describe_models(models)
+    verdicts = compare(doc, measured)
+    passed = not any(v.failed(tolerance) for v in verdicts)
+    return {
+        "kind": "drift-regress-check",
+        "baseline_version": BASELINE_VERSION,
+        "passed": passed,
+        "tolerance": tolerance,
+        "checkpoint_changed": bool(fingerprint_changes(doc, now)),
+        "fingerprints": {role: {"baseline": doc["pair"][role].get("fingerprint"), "now": now[role]["fingerprint"]}
+                         for role in ("draft", "target")},
+        "pair": now,
+        "baseline_pair": doc["pair"],
+        "stream": doc["stream"],
+        "decode": doc["decode"] | {"device": cfg.device},
+        "methods": {v.method: {"baseline": v.old, "now": v.new, "drop": v.drop, "failed": v.failed(tolerance),
+                               "baseline_ci95": v.old_ci, "now_ci95": v.new_ci,
+                               "now_detail": measured[v.method]} for v in verdicts},
+        "message": verdict_paragraph(doc, now, verdicts, tolerance),
+        "env": environment(),
+    }
+
+
+def enforce(report: dict) -> None:
+    """Exit 1 (CheckFailed, the paragraph as its message) when the check failed."""
+    if not report["passed"]:
+        raise CheckFailed(report["message"])
