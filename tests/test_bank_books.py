@@ -108,6 +108,8 @@ def test_quota_errors():
         Books(4, {"x": -1})
     with pytest.raises(QuotaError, match="capacity"):
         Books(0)
+    with pytest.raises(QuotaError, match="between 1 and 67108864"):
+        Books(2**26 + 1)
     b = Books(4, {"x": 0, "p": None})
     with pytest.raises(QuotaError, match="quota 0"):
         b.allocate("x")
@@ -169,6 +171,9 @@ def test_pickled_state_is_checked():
         fresh.__setstate__((version, state.replace(b'"free":[', b'"free":[0,')))
     with pytest.raises(SnapshotCorrupt):
         fresh.__setstate__((version, b"\xff"))
+    huge = b'{"capacity":4000000000,"auto_create":true,"tenants":[],"recency":[],"owners":[],"free":[]}'
+    with pytest.raises(SnapshotCorrupt, match="cover the capacity"):
+        fresh.__setstate__((version, huge))
     assert fresh.recency() == [] and len(fresh) == 0, "a refused state leaves the books untouched"
 
 

@@ -265,6 +265,7 @@ INCONSISTENT = {
     "owner unknown": books_edit("owners", lambda o: [7] + o[1:]),
     "quota exceeded": books_edit("tenants", lambda ts: [{**ts[0], "quota": 0}] + ts[1:]),
     "books capacity": books_edit("capacity", lambda c: c + 1),
+    "books capacity huge": books_edit("capacity", lambda c: 4_000_000_000),
     "books not json": lambda t, m: m.update({"drift_bank.books": "{"}),
     "no draft fingerprint": lambda t, m: m.pop("draft_fingerprint"),
     "config not json": lambda t, m: m.update(config="lambda=0.6"),

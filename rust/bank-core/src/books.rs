@@ -23,8 +23,10 @@ use std::collections::HashMap;
 use crate::error::{BankError, Result};
 use crate::lru::{self, Link, List, NIL};
 
-/// Largest supported capacity (slot ids are u32 and `u32::MAX` marks "none").
-pub const MAX_CAPACITY: u64 = (u32::MAX - 1) as u64;
+/// Largest supported capacity: 2^26 slots (1.5 GiB of records). A bank that size would need
+/// 2^26 · d key elements on the device, far past any GPU; the cap turns a mistyped capacity into
+/// a clear error instead of an out-of-memory kill. (Slot ids are u32; `u32::MAX` marks "none".)
+pub const MAX_CAPACITY: u64 = 1 << 26;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -116,14 +118,22 @@ impl Books {
             )));
         }
         let n = capacity as usize;
+        // try_reserve: an absurd capacity is an error, not an allocation abort.
+        let mut slots = Vec::new();
+        let mut free = Vec::new();
+        if slots.try_reserve_exact(n).is_err() || free.try_reserve_exact(n).is_err() {
+            return Err(BankError::Quota(format!("cannot allocate books for capacity {capacity}")));
+        }
+        slots.resize(n, SlotRecord { link: Link::NONE, owner: NIL, stamp: 0 });
+        free.extend((0..capacity as u32).rev());
         let mut books = Books {
             capacity: capacity as u32,
             auto_create: quotas.is_none(),
             tenants: Vec::new(),
             by_name: HashMap::new(),
             reserved: 0,
-            slots: vec![SlotRecord { link: Link::NONE, owner: NIL, stamp: 0 }; n],
-            free: (0..capacity as u32).rev().collect(),
+            slots,
+            free,
             pool: List::EMPTY,
             used: 0,
             clock: 0,

@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 
 use crate::books::Books;
 use crate::error::{corrupt, BankError, Result};
-use crate::state::{decode_books, encode_books};
+use crate::state::{decode_books_checked, encode_books};
 
 #[cfg(target_endian = "big")]
 compile_error!("snapshots store little-endian bytes as they lie in memory");
@@ -372,14 +372,8 @@ pub fn decode(buffer: Vec<u8>, expect_draft: Option<&str>) -> Result<Snapshot> {
     let layout: Layout =
         serde_json::from_str(layout_json).map_err(|e| corrupt(format!("layout metadata: {e}")))?;
     let arrays = order_and_check_arrays(arrays, &layout)?;
-    let books = decode_books(full.get(META_BOOKS).ok_or_else(|| corrupt("no books metadata"))?)?;
-    if u64::from(books.capacity()) != layout.capacity {
-        return Err(corrupt(format!(
-            "books capacity {} disagrees with layout capacity {}",
-            books.capacity(),
-            layout.capacity
-        )));
-    }
+    let books_json = full.get(META_BOOKS).ok_or_else(|| corrupt("no books metadata"))?;
+    let books = decode_books_checked(books_json, Some(layout.capacity))?;
     let meta: BTreeMap<String, String> =
         full.into_iter().filter(|(k, _)| !k.starts_with(RESERVED_PREFIX)).collect();
     check_caller_meta(&meta).map_err(corrupt)?;

@@ -55,10 +55,29 @@ pub fn encode_books(books: &Books) -> String {
     serde_json::to_string(&state).expect("books state is always serialisable")
 }
 
+/// Rebuilds books from `encode_books` output, refusing anything inconsistent.
 pub fn decode_books(json: &str) -> Result<Books> {
+    decode_books_checked(json, None)
+}
+
+/// As `decode_books`, also requiring `capacity` when given (a snapshot's array layout). The
+/// capacity is checked against the listed slots before anything of that size is allocated, so a
+/// crafted document cannot make the decoder allocate more than its own length suggests.
+pub fn decode_books_checked(json: &str, capacity: Option<u64>) -> Result<Books> {
     let state: BooksState =
         serde_json::from_str(json).map_err(|e| corrupt(format!("books metadata: {e}")))?;
     let books_err = |msg: String| corrupt(format!("books metadata: {msg}"));
+    if let Some(expected) = capacity {
+        if state.capacity != expected {
+            return Err(books_err(format!(
+                "capacity {} disagrees with the arrays' {expected} slots",
+                state.capacity
+            )));
+        }
+    }
+    if (state.recency.len() + state.free.len()) as u64 != state.capacity {
+        return Err(books_err("recency and free list do not cover the capacity exactly".into()));
+    }
     // Declared tenants (quotas checked against the capacity as in live operation).
     let declared: Vec<(String, Option<u64>)> =
         state.tenants.iter().map(|t| (t.name.clone(), t.quota)).collect();

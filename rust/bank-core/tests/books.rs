@@ -188,6 +188,9 @@ fn inconsistent_states_are_refused() {
         assert!(matches!(err, BankError::SnapshotCorrupt(_)), "{what}: {err}");
     }
     assert!(matches!(decode_books("{"), Err(BankError::SnapshotCorrupt(_))));
+    // A huge capacity is refused before anything of that size is allocated.
+    let huge = r#"{"capacity":4000000000,"auto_create":true,"tenants":[],"recency":[],"owners":[],"free":[0]}"#;
+    assert!(matches!(decode_books(huge), Err(BankError::SnapshotCorrupt(_))));
 }
 
 /// A tiny xorshift generator: deterministic random operation streams without extra crates.
