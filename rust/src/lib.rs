@@ -18,15 +18,60 @@ use pyo3::exceptions::{PyException, PyFileNotFoundError, PyOSError, PyPermission
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-create_exception!(drift_cli._bank, BankError, PyException, "Base of every error the bank raises.");
-create_exception!(drift_cli._bank, TenantError, BankError, "A tenant added twice or badly named.");
-create_exception!(drift_cli._bank, UnknownTenant, TenantError, "A tenant the books do not know.");
-create_exception!(drift_cli._bank, SlotError, BankError, "A slot out of range, or free where a used one is needed.");
-create_exception!(drift_cli._bank, QuotaError, BankError, "Quotas exceeding the capacity, a full zero quota, a bad capacity.");
-create_exception!(drift_cli._bank, SnapshotError, BankError, "Base of snapshot problems; raised itself for arrays or metadata that cannot be saved.");
-create_exception!(drift_cli._bank, SnapshotCorrupt, SnapshotError, "A truncated or corrupted snapshot, or one inconsistent with its own metadata.");
-create_exception!(drift_cli._bank, SnapshotVersionError, SnapshotError, "A snapshot written in another format version.");
-create_exception!(drift_cli._bank, SnapshotDraftMismatch, SnapshotError, "A snapshot made for another draft model.");
+create_exception!(
+    drift_cli._bank,
+    BankError,
+    PyException,
+    "Base of every error the bank raises."
+);
+create_exception!(
+    drift_cli._bank,
+    TenantError,
+    BankError,
+    "A tenant added twice or badly named."
+);
+create_exception!(
+    drift_cli._bank,
+    UnknownTenant,
+    TenantError,
+    "A tenant the books do not know."
+);
+create_exception!(
+    drift_cli._bank,
+    SlotError,
+    BankError,
+    "A slot out of range, or free where a used one is needed."
+);
+create_exception!(
+    drift_cli._bank,
+    QuotaError,
+    BankError,
+    "Quotas exceeding the capacity, a full zero quota, a bad capacity."
+);
+create_exception!(
+    drift_cli._bank,
+    SnapshotError,
+    BankError,
+    "Base of snapshot problems; raised itself for arrays or metadata that cannot be saved."
+);
+create_exception!(
+    drift_cli._bank,
+    SnapshotCorrupt,
+    SnapshotError,
+    "A truncated or corrupted snapshot, or one inconsistent with its own metadata."
+);
+create_exception!(
+    drift_cli._bank,
+    SnapshotVersionError,
+    SnapshotError,
+    "A snapshot written in another format version."
+);
+create_exception!(
+    drift_cli._bank,
+    SnapshotDraftMismatch,
+    SnapshotError,
+    "A snapshot made for another draft model."
+);
 
 fn py_err(e: CoreError) -> PyErr {
     let msg = e.to_string();
@@ -43,7 +88,11 @@ fn py_err(e: CoreError) -> PyErr {
             // OSError(errno, strerror, filename), as Python's own file functions raise it.
             let text = source.to_string();
             let strerror = text.split(" (os error").next().unwrap_or(&text).to_owned();
-            let args = (source.raw_os_error().unwrap_or(0), strerror, path.to_string_lossy().into_owned());
+            let args = (
+                source.raw_os_error().unwrap_or(0),
+                strerror,
+                path.to_string_lossy().into_owned(),
+            );
             match source.kind() {
                 std::io::ErrorKind::NotFound => PyFileNotFoundError::new_err(args),
                 std::io::ErrorKind::PermissionDenied => PyPermissionError::new_err(args),
@@ -55,9 +104,14 @@ fn py_err(e: CoreError) -> PyErr {
 
 /// A Python int as a slot id; negative or huge ids are out of range.
 fn slot_id(slot: i64, capacity: u32) -> PyResult<u32> {
-    u32::try_from(slot).ok().filter(|&s| s < capacity).ok_or_else(|| {
-        SlotError::new_err(format!("slot {slot} is out of range for a bank of capacity {capacity}"))
-    })
+    u32::try_from(slot)
+        .ok()
+        .filter(|&s| s < capacity)
+        .ok_or_else(|| {
+            SlotError::new_err(format!(
+                "slot {slot} is out of range for a bank of capacity {capacity}"
+            ))
+        })
 }
 
 /// Slot ids from a 1-D integer numpy array or a list (fast paths), or any sequence of ints.
@@ -74,14 +128,18 @@ fn slot_ids(slots: &Bound<'_, PyAny>, capacity: u32) -> PyResult<Vec<u32>> {
         return view.iter().map(|&s| slot_id(s.into(), capacity)).collect();
     }
     if let Ok(list) = slots.cast::<PyList>() {
-        return list.iter().map(|s| slot_id(s.extract()?, capacity)).collect();
+        return list
+            .iter()
+            .map(|s| slot_id(s.extract()?, capacity))
+            .collect();
     }
     let ids: Vec<i64> = slots.extract()?;
     ids.into_iter().map(|s| slot_id(s, capacity)).collect()
 }
 
 fn non_negative(value: i64, what: &str) -> PyResult<u64> {
-    u64::try_from(value).map_err(|_| QuotaError::new_err(format!("{what} must be >= 0, got {value}")))
+    u64::try_from(value)
+        .map_err(|_| QuotaError::new_err(format!("{what} must be >= 0, got {value}")))
 }
 
 fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
@@ -118,7 +176,9 @@ impl PyBooks {
                 Some(v)
             }
         };
-        Ok(PyBooks { inner: Books::new(capacity, declared.as_deref()).map_err(py_err)? })
+        Ok(PyBooks {
+            inner: Books::new(capacity, declared.as_deref()).map_err(py_err)?,
+        })
     }
 
     #[getter]
@@ -143,7 +203,10 @@ impl PyBooks {
     #[pyo3(signature = (count, tenant = "default"))]
     fn allocate_many(&mut self, count: usize, tenant: &str) -> PyResult<Vec<(u32, bool)>> {
         let all = self.inner.allocate_many(tenant, count).map_err(py_err)?;
-        Ok(all.into_iter().map(|a| (a.slot, a.evicted_from.is_some())).collect())
+        Ok(all
+            .into_iter()
+            .map(|a| (a.slot, a.evicted_from.is_some()))
+            .collect())
     }
 
     /// Marks the slots used in order (last = most recent); all-or-nothing.
@@ -210,7 +273,10 @@ impl PyBooks {
     }
 
     fn __getstate__<'py>(&self, py: Python<'py>) -> (u32, Bound<'py, PyBytes>) {
-        (FORMAT_VERSION, PyBytes::new(py, encode_books(&self.inner).as_bytes()))
+        (
+            FORMAT_VERSION,
+            PyBytes::new(py, encode_books(&self.inner).as_bytes()),
+        )
     }
 
     fn __setstate__(&mut self, state: (u32, Vec<u8>)) -> PyResult<()> {
@@ -239,7 +305,9 @@ enum Borrowed<'py> {
 }
 
 fn as_bytes<'a, T: Element>(a: &'a PyReadonlyArrayDyn<'_, T>) -> &'a [u8] {
-    let s = a.as_slice().expect("made C-contiguous by numpy.ascontiguousarray");
+    let s = a
+        .as_slice()
+        .expect("made C-contiguous by numpy.ascontiguousarray");
     // SAFETY: plain numeric elements; the byte view covers exactly the slice.
     unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
 }
@@ -248,9 +316,9 @@ impl<'py> Borrowed<'py> {
     fn from_any(name: &str, value: &Bound<'py, PyAny>) -> PyResult<(Borrowed<'py>, Vec<usize>)> {
         let np = value.py().import("numpy")?;
         let a = np.call_method1("ascontiguousarray", (value,))?;
-        let untyped = a.cast::<PyUntypedArray>().map_err(|_| {
-            SnapshotError::new_err(format!("array {name:?} is not a numpy array"))
-        })?;
+        let untyped = a
+            .cast::<PyUntypedArray>()
+            .map_err(|_| SnapshotError::new_err(format!("array {name:?} is not a numpy array")))?;
         let shape = untyped.shape().to_vec();
         let b = if let Ok(x) = a.cast::<PyArrayDyn<f32>>() {
             Borrowed::F32(x.readonly())
@@ -290,7 +358,9 @@ fn to_numpy<'py, T: Element>(py: Python<'py>, shape: &[usize], bytes: &[u8]) -> 
 }
 
 fn str_map(d: &Bound<'_, PyDict>) -> PyResult<BTreeMap<String, String>> {
-    d.iter().map(|(k, v)| Ok((k.extract()?, v.extract()?))).collect()
+    d.iter()
+        .map(|(k, v)| Ok((k.extract()?, v.extract()?)))
+        .collect()
 }
 
 /// Writes books + arrays + meta to `path` atomically.
@@ -309,11 +379,14 @@ fn save_snapshot(
         let (b, shape) = Borrowed::from_any(&name, &v)?;
         borrowed.push((name, b, shape));
     }
-    let views: BTreeMap<String, ArrayRef<'_>> =
-        borrowed.iter().map(|(n, b, shape)| (n.clone(), b.view(shape.clone()))).collect();
+    let views: BTreeMap<String, ArrayRef<'_>> = borrowed
+        .iter()
+        .map(|(n, b, shape)| (n.clone(), b.view(shape.clone())))
+        .collect();
     let bytes = snapshot::encode(&books.inner, &views, &meta).map_err(py_err)?;
     drop(views);
-    py.detach(|| snapshot::write_atomic(&path, &bytes)).map_err(py_err)
+    py.detach(|| snapshot::write_atomic(&path, &bytes))
+        .map_err(py_err)
 }
 
 /// Reads and checks a snapshot: (books, arrays, meta). Raises a SnapshotError subclass otherwise.
@@ -324,7 +397,9 @@ fn load_snapshot<'py>(
     path: PathBuf,
     expect_draft: Option<String>,
 ) -> PyResult<Bound<'py, PyTuple>> {
-    let snap = py.detach(|| snapshot::load(&path, expect_draft.as_deref())).map_err(py_err)?;
+    let snap = py
+        .detach(|| snapshot::load(&path, expect_draft.as_deref()))
+        .map_err(py_err)?;
     let arrays = PyDict::new(py);
     for a in &snap.arrays {
         let bytes = snap.array_data(a);
@@ -366,7 +441,10 @@ fn read_snapshot_summary<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<
     dtypes.set_item("counts", layout.counts_dtype.name())?;
     d.set_item("dtypes", dtypes)?;
     d.set_item("used", books.len())?;
-    d.set_item("stats", stats_dict(py, &books.stats(None).map_err(py_err)?)?)?;
+    d.set_item(
+        "stats",
+        stats_dict(py, &books.stats(None).map_err(py_err)?)?,
+    )?;
     let tenants = PyDict::new(py);
     for (name, quota) in books.tenants() {
         let t = stats_dict(py, &books.stats(Some(name)).map_err(py_err)?)?;
@@ -376,9 +454,16 @@ fn read_snapshot_summary<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<
     d.set_item("tenants", tenants)?;
     d.set_item("draft_fingerprint", &snap.meta["draft_fingerprint"])?;
     let json = py.import("json")?;
-    d.set_item("config", json.call_method1("loads", (&snap.meta["config"],))?)?;
+    d.set_item(
+        "config",
+        json.call_method1("loads", (&snap.meta["config"],))?,
+    )?;
     let extra = PyDict::new(py);
-    for (k, v) in snap.meta.iter().filter(|(k, _)| !snapshot::REQUIRED_META.contains(&k.as_str())) {
+    for (k, v) in snap
+        .meta
+        .iter()
+        .filter(|(k, _)| !snapshot::REQUIRED_META.contains(&k.as_str()))
+    {
         extra.set_item(k, v)?;
     }
     d.set_item("meta", extra)?;
@@ -397,8 +482,14 @@ fn _bank(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("QuotaError", py.get_type::<QuotaError>())?;
     m.add("SnapshotError", py.get_type::<SnapshotError>())?;
     m.add("SnapshotCorrupt", py.get_type::<SnapshotCorrupt>())?;
-    m.add("SnapshotVersionError", py.get_type::<SnapshotVersionError>())?;
-    m.add("SnapshotDraftMismatch", py.get_type::<SnapshotDraftMismatch>())?;
+    m.add(
+        "SnapshotVersionError",
+        py.get_type::<SnapshotVersionError>(),
+    )?;
+    m.add(
+        "SnapshotDraftMismatch",
+        py.get_type::<SnapshotDraftMismatch>(),
+    )?;
     m.add_function(wrap_pyfunction!(save_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(load_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(read_snapshot_summary, m)?)?;

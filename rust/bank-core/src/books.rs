@@ -122,9 +122,18 @@ impl Books {
         let mut slots = Vec::new();
         let mut free = Vec::new();
         if slots.try_reserve_exact(n).is_err() || free.try_reserve_exact(n).is_err() {
-            return Err(BankError::Quota(format!("cannot allocate books for capacity {capacity}")));
+            return Err(BankError::Quota(format!(
+                "cannot allocate books for capacity {capacity}"
+            )));
         }
-        slots.resize(n, SlotRecord { link: Link::NONE, owner: NIL, stamp: 0 });
+        slots.resize(
+            n,
+            SlotRecord {
+                link: Link::NONE,
+                owner: NIL,
+                stamp: 0,
+            },
+        );
         free.extend((0..capacity as u32).rev());
         let mut books = Books {
             capacity: capacity as u32,
@@ -247,7 +256,11 @@ impl Books {
             record.stamp = self.clock;
             let tenant = &mut self.tenants[record.owner as usize];
             tenant.counters.hits += 1;
-            let group = if tenant.quota.is_some() { &mut tenant.list } else { &mut self.pool };
+            let group = if tenant.quota.is_some() {
+                &mut tenant.list
+            } else {
+                &mut self.pool
+            };
             lru::move_to_mru(&mut self.slots, group, slot);
         }
         self.counters.hits += slots.len() as u64;
@@ -286,7 +299,9 @@ impl Books {
     /// Used slots in ascending order: all of them, or one tenant's.
     pub fn valid_slots(&self, tenant: Option<&str>) -> Result<Vec<u32>> {
         match tenant {
-            None => Ok((0..self.capacity).filter(|&s| self.slots[s as usize].owner != NIL).collect()),
+            None => Ok((0..self.capacity)
+                .filter(|&s| self.slots[s as usize].owner != NIL)
+                .collect()),
             Some(_) => {
                 let mut slots = self.recency(tenant)?;
                 slots.sort_unstable();
@@ -310,7 +325,10 @@ impl Books {
 
     /// (name, quota) in creation order.
     pub fn tenants(&self) -> Vec<(&str, Option<u32>)> {
-        self.tenants.iter().map(|t| (t.name.as_str(), t.quota)).collect()
+        self.tenants
+            .iter()
+            .map(|t| (t.name.as_str(), t.quota))
+            .collect()
     }
 
     pub fn stats(&self, tenant: Option<&str>) -> Result<Stats> {
@@ -349,10 +367,14 @@ impl Books {
     /// Gives `slot` (free, not yet on the free stack) to tenant index `t` as its most recent slot.
     pub(crate) fn restore_used(&mut self, slot: u32, t: u32) -> std::result::Result<(), String> {
         if slot >= self.capacity || self.slots[slot as usize].owner != NIL {
-            return Err(format!("slot {slot} out of range or listed twice in the recency order"));
+            return Err(format!(
+                "slot {slot} out of range or listed twice in the recency order"
+            ));
         }
         if t as usize >= self.tenants.len() {
-            return Err(format!("slot {slot} owned by tenant #{t}, which does not exist"));
+            return Err(format!(
+                "slot {slot} owned by tenant #{t}, which does not exist"
+            ));
         }
         let tenant = &self.tenants[t as usize];
         let full = match tenant.quota {
@@ -360,7 +382,10 @@ impl Books {
             None => self.pool.len >= self.pool_capacity(),
         };
         if full {
-            return Err(format!("tenant {:?} holds more slots than it may", tenant.name));
+            return Err(format!(
+                "tenant {:?} holds more slots than it may",
+                tenant.name
+            ));
         }
         self.attach(slot, t);
         Ok(())
@@ -371,7 +396,9 @@ impl Books {
         let mut seen = vec![false; self.capacity as usize];
         for &s in &free {
             if s >= self.capacity || self.slots[s as usize].owner != NIL || seen[s as usize] {
-                return Err(format!("free list entry {s} is out of range, used, or repeated"));
+                return Err(format!(
+                    "free list entry {s} is out of range, used, or repeated"
+                ));
             }
             seen[s as usize] = true;
         }
@@ -386,16 +413,26 @@ impl Books {
         self.auto_create = auto_create;
     }
 
-    pub(crate) fn restore_counters(&mut self, t: usize, counters: Counters) -> std::result::Result<(), String> {
+    pub(crate) fn restore_counters(
+        &mut self,
+        t: usize,
+        counters: Counters,
+    ) -> std::result::Result<(), String> {
         self.tenants[t].counters = counters;
-        self.counters = self.counters.checked_add(&counters).ok_or("counters overflow")?;
+        self.counters = self
+            .counters
+            .checked_add(&counters)
+            .ok_or("counters overflow")?;
         Ok(())
     }
 
     // ---- internals ----
 
     fn tenant_index(&self, name: &str) -> Result<u32> {
-        self.by_name.get(name).copied().ok_or_else(|| BankError::UnknownTenant(name.to_owned()))
+        self.by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| BankError::UnknownTenant(name.to_owned()))
     }
 
     fn tenant_for_allocation(&mut self, name: &str) -> Result<u32> {
@@ -428,7 +465,10 @@ impl Books {
         } else if limit == 0 {
             Err(BankError::Quota(match tenant.quota {
                 Some(_) => format!("tenant {:?} has quota 0", tenant.name),
-                None => format!("tenant {:?} has no quota and quotas reserve the whole capacity", tenant.name),
+                None => format!(
+                    "tenant {:?} has no quota and quotas reserve the whole capacity",
+                    tenant.name
+                ),
             }))
         } else {
             Ok(Some(lru))
@@ -443,7 +483,11 @@ impl Books {
         record.stamp = self.clock;
         let tenant = &mut self.tenants[t as usize];
         tenant.used += 1;
-        let group = if tenant.quota.is_some() { &mut tenant.list } else { &mut self.pool };
+        let group = if tenant.quota.is_some() {
+            &mut tenant.list
+        } else {
+            &mut self.pool
+        };
         lru::push_mru(&mut self.slots, group, slot);
         self.used += 1;
     }
@@ -455,7 +499,11 @@ impl Books {
         record.owner = NIL;
         let tenant = &mut self.tenants[t as usize];
         tenant.used -= 1;
-        let group = if tenant.quota.is_some() { &mut tenant.list } else { &mut self.pool };
+        let group = if tenant.quota.is_some() {
+            &mut tenant.list
+        } else {
+            &mut self.pool
+        };
         lru::unlink(&mut self.slots, group, slot);
         self.used -= 1;
     }

@@ -22,7 +22,10 @@ pub enum BankError {
     /// A snapshot made for another draft model.
     SnapshotDraftMismatch { expected: String, found: String },
     /// The file system refused (missing file, permissions, disk full).
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, BankError>;

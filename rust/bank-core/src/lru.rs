@@ -13,7 +13,10 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    pub const NONE: Link = Link { prev: NIL, next: NIL };
+    pub const NONE: Link = Link {
+        prev: NIL,
+        next: NIL,
+    };
 }
 
 impl AsRef<Link> for Link {
@@ -36,12 +39,19 @@ pub(crate) struct List {
 }
 
 impl List {
-    pub const EMPTY: List = List { head: NIL, tail: NIL, len: 0 };
+    pub const EMPTY: List = List {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
 }
 
 /// Appends `slot` (in no list) as the most recent entry of `list`.
 pub(crate) fn push_mru<T: AsMut<Link>>(nodes: &mut [T], list: &mut List, slot: u32) {
-    *nodes[slot as usize].as_mut() = Link { prev: list.tail, next: NIL };
+    *nodes[slot as usize].as_mut() = Link {
+        prev: list.tail,
+        next: NIL,
+    };
     if list.tail == NIL {
         list.head = slot;
     } else {
@@ -76,7 +86,10 @@ pub(crate) fn move_to_mru<T: AsMut<Link>>(nodes: &mut [T], list: &mut List, slot
 }
 
 /// The members of `list`, least recently used first.
-pub(crate) fn iter<'a, T: AsRef<Link>>(nodes: &'a [T], list: &List) -> impl Iterator<Item = u32> + 'a {
+pub(crate) fn iter<'a, T: AsRef<Link>>(
+    nodes: &'a [T],
+    list: &List,
+) -> impl Iterator<Item = u32> + 'a {
     let mut cur = list.head;
     std::iter::from_fn(move || {
         if cur == NIL {

@@ -200,9 +200,17 @@ pub fn encode(
     let layout = layout_of(arrays, books.capacity().into())?;
     let mut full: BTreeMap<String, String> = meta.clone();
     full.insert(META_VERSION.into(), FORMAT_VERSION.to_string());
-    full.insert(META_LAYOUT.into(), serde_json::to_string(&layout).expect("layout serialises"));
+    full.insert(
+        META_LAYOUT.into(),
+        serde_json::to_string(&layout).expect("layout serialises"),
+    );
     full.insert(META_BOOKS.into(), encode_books(books));
-    let sum = checksum(arrays.iter().map(|(k, a)| (k.as_str(), a.dtype, &a.shape[..], a.data)), &full);
+    let sum = checksum(
+        arrays
+            .iter()
+            .map(|(k, a)| (k.as_str(), a.dtype, &a.shape[..], a.data)),
+        &full,
+    );
     full.insert(META_CHECKSUM.into(), sum);
     let header: HashMap<String, String> = full.into_iter().collect();
     safetensors::serialize(arrays.iter().map(|(k, a)| (k.as_str(), a)), Some(header))
@@ -216,7 +224,9 @@ fn check_caller_meta(meta: &BTreeMap<String, String>) -> std::result::Result<(),
         }
     }
     if let Some(key) = meta.keys().find(|k| k.starts_with(RESERVED_PREFIX)) {
-        return Err(format!("metadata key {key:?} is reserved for the bank ({RESERVED_PREFIX}*)"));
+        return Err(format!(
+            "metadata key {key:?} is reserved for the bank ({RESERVED_PREFIX}*)"
+        ));
     }
     serde_json::from_str::<serde_json::Value>(&meta["config"])
         .map_err(|e| format!("metadata \"config\" must be a JSON document: {e}"))?;
@@ -230,20 +240,33 @@ fn layout_of(arrays: &BTreeMap<String, ArrayRef<'_>>, capacity: u64) -> Result<L
     let mut wanted: Vec<&str> = ROLES.iter().map(|r| r.0).collect();
     wanted.sort_unstable();
     if names != wanted {
-        return Err(bad(format!("snapshot arrays must be exactly {wanted:?}, got {names:?}")));
+        return Err(bad(format!(
+            "snapshot arrays must be exactly {wanted:?}, got {names:?}"
+        )));
     }
     for (role, allowed) in ROLES {
         let a = &arrays[role];
         if !allowed.contains(&a.dtype) {
             let allowed: Vec<&str> = allowed.iter().map(|t| t.name()).collect();
-            return Err(bad(format!("{role} must be one of {allowed:?}, got {}", a.dtype.name())));
+            return Err(bad(format!(
+                "{role} must be one of {allowed:?}, got {}",
+                a.dtype.name()
+            )));
         }
-        let elements = a.shape.iter().try_fold(1usize, |acc, &x| acc.checked_mul(x));
+        let elements = a
+            .shape
+            .iter()
+            .try_fold(1usize, |acc, &x| acc.checked_mul(x));
         if elements.and_then(|e| e.checked_mul(a.dtype.size())) != Some(a.data.len()) {
-            return Err(bad(format!("{role}: {} bytes do not match shape {:?}", a.data.len(), a.shape)));
+            return Err(bad(format!(
+                "{role}: {} bytes do not match shape {:?}",
+                a.data.len(),
+                a.shape
+            )));
         }
     }
-    let dim = |role: &str, axis: usize| arrays[role].shape.get(axis).map(|&x| x as u64).unwrap_or(0);
+    let dim =
+        |role: &str, axis: usize| arrays[role].shape.get(axis).map(|&x| x as u64).unwrap_or(0);
     let layout = Layout {
         capacity,
         dim: dim("keys", 1),
@@ -302,11 +325,17 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Temp file in the target's directory + fsync + rename + fsync of the directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io_err = |source| BankError::Io { path: path.to_path_buf(), source };
+    let io_err = |source| BankError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let name = path.file_name().ok_or_else(|| {
         BankError::SnapshotInput(format!("{} is not a file path", path.display()))
     })?;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
         ".{}.tmp-{}-{}",
         name.to_string_lossy(),
@@ -333,7 +362,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 // ---------------------------------------------------------------- loading
 
 pub fn load(path: &Path, expect_draft: Option<&str>) -> Result<Snapshot> {
-    let buffer = fs::read(path).map_err(|source| BankError::Io { path: path.to_path_buf(), source })?;
+    let buffer = fs::read(path).map_err(|source| BankError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     decode(buffer, expect_draft)
 }
 
@@ -357,25 +389,47 @@ pub fn decode(buffer: Vec<u8>, expect_draft: Option<&str>) -> Result<Snapshot> {
             .ok_or_else(|| corrupt(format!("{name} has unsupported dtype {:?}", info.dtype)))?;
         let (begin, end) = info.data_offsets;
         let range = data_start + begin..data_start + end;
-        arrays.push(LoadedArray { name, dtype, shape: info.shape.clone(), range });
+        arrays.push(LoadedArray {
+            name,
+            dtype,
+            shape: info.shape.clone(),
+            range,
+        });
     }
-    let stored = full.get(META_CHECKSUM).ok_or_else(|| corrupt("no checksum"))?;
+    let stored = full
+        .get(META_CHECKSUM)
+        .ok_or_else(|| corrupt("no checksum"))?;
     let computed = checksum(
-        arrays.iter().map(|a| (a.name.as_str(), a.dtype, &a.shape[..], &buffer[a.range.clone()])),
+        arrays.iter().map(|a| {
+            (
+                a.name.as_str(),
+                a.dtype,
+                &a.shape[..],
+                &buffer[a.range.clone()],
+            )
+        }),
         &full,
     );
     if *stored != computed {
-        return Err(corrupt(format!("checksum mismatch (stored {stored}, computed {computed})")));
+        return Err(corrupt(format!(
+            "checksum mismatch (stored {stored}, computed {computed})"
+        )));
     }
 
-    let layout_json = full.get(META_LAYOUT).ok_or_else(|| corrupt("no layout metadata"))?;
+    let layout_json = full
+        .get(META_LAYOUT)
+        .ok_or_else(|| corrupt("no layout metadata"))?;
     let layout: Layout =
         serde_json::from_str(layout_json).map_err(|e| corrupt(format!("layout metadata: {e}")))?;
     let arrays = order_and_check_arrays(arrays, &layout)?;
-    let books_json = full.get(META_BOOKS).ok_or_else(|| corrupt("no books metadata"))?;
+    let books_json = full
+        .get(META_BOOKS)
+        .ok_or_else(|| corrupt("no books metadata"))?;
     let books = decode_books_checked(books_json, Some(layout.capacity))?;
-    let meta: BTreeMap<String, String> =
-        full.into_iter().filter(|(k, _)| !k.starts_with(RESERVED_PREFIX)).collect();
+    let meta: BTreeMap<String, String> = full
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with(RESERVED_PREFIX))
+        .collect();
     check_caller_meta(&meta).map_err(corrupt)?;
     if let Some(expected) = expect_draft {
         let found = &meta["draft_fingerprint"];
@@ -386,7 +440,15 @@ pub fn decode(buffer: Vec<u8>, expect_draft: Option<&str>) -> Result<Snapshot> {
             });
         }
     }
-    Ok(Snapshot { books, layout, meta, arrays, checksum: computed, header_bytes, buffer })
+    Ok(Snapshot {
+        books,
+        layout,
+        meta,
+        arrays,
+        checksum: computed,
+        header_bytes,
+        buffer,
+    })
 }
 
 fn check_version(meta: &BTreeMap<String, String>) -> Result<()> {
@@ -394,7 +456,10 @@ fn check_version(meta: &BTreeMap<String, String>) -> Result<()> {
         .get(META_VERSION)
         .ok_or_else(|| corrupt(format!("no {META_VERSION}: not a DRIFT bank snapshot")))?;
     if found.parse::<u32>().ok() != Some(FORMAT_VERSION) {
-        return Err(BankError::SnapshotVersion { found: found.clone(), supported: FORMAT_VERSION });
+        return Err(BankError::SnapshotVersion {
+            found: found.clone(),
+            supported: FORMAT_VERSION,
+        });
     }
     Ok(())
 }
@@ -403,7 +468,9 @@ fn check_version(meta: &BTreeMap<String, String>) -> Result<()> {
 fn order_and_check_arrays(arrays: Vec<LoadedArray>, layout: &Layout) -> Result<Vec<LoadedArray>> {
     if arrays.len() != ROLES.len() {
         let names: Vec<&str> = arrays.iter().map(|a| a.name.as_str()).collect();
-        return Err(corrupt(format!("expected arrays keys, support, bias, counts; found {names:?}")));
+        return Err(corrupt(format!(
+            "expected arrays keys, support, bias, counts; found {names:?}"
+        )));
     }
     let mut ordered = Vec::with_capacity(ROLES.len());
     for (role, allowed) in ROLES {

@@ -76,12 +76,18 @@ pub fn decode_books_checked(json: &str, capacity: Option<u64>) -> Result<Books> 
         }
     }
     if (state.recency.len() + state.free.len()) as u64 != state.capacity {
-        return Err(books_err("recency and free list do not cover the capacity exactly".into()));
+        return Err(books_err(
+            "recency and free list do not cover the capacity exactly".into(),
+        ));
     }
     // Declared tenants (quotas checked against the capacity as in live operation).
-    let declared: Vec<(String, Option<u64>)> =
-        state.tenants.iter().map(|t| (t.name.clone(), t.quota)).collect();
-    let mut books = Books::new(state.capacity, Some(&declared)).map_err(|e| books_err(e.to_string()))?;
+    let declared: Vec<(String, Option<u64>)> = state
+        .tenants
+        .iter()
+        .map(|t| (t.name.clone(), t.quota))
+        .collect();
+    let mut books =
+        Books::new(state.capacity, Some(&declared)).map_err(|e| books_err(e.to_string()))?;
     books.set_auto_create(state.auto_create);
     if state.owners.len() != state.recency.len() {
         return Err(books_err("recency and owners differ in length".into()));
@@ -91,8 +97,11 @@ pub fn decode_books_checked(json: &str, capacity: Option<u64>) -> Result<Books> 
     }
     books.restore_free(state.free).map_err(books_err)?;
     for (t, ts) in state.tenants.iter().enumerate() {
-        let counters =
-            Counters { hits: ts.hits, allocations: ts.allocations, evictions: ts.evictions };
+        let counters = Counters {
+            hits: ts.hits,
+            allocations: ts.allocations,
+            evictions: ts.evictions,
+        };
         books.restore_counters(t, counters).map_err(books_err)?;
     }
     Ok(books)

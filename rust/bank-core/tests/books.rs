@@ -30,9 +30,20 @@ fn fresh_slots_come_in_order_then_the_lru_is_evicted() {
     assert_eq!(b.recency(Some("b")).unwrap(), vec![2, 1]);
     assert_eq!(b.owner(1).unwrap(), Some("b"));
     let s = b.stats(None).unwrap();
-    assert_eq!((s.counters.hits, s.counters.allocations, s.counters.evictions, s.used), (1, 4, 1, 3));
+    assert_eq!(
+        (
+            s.counters.hits,
+            s.counters.allocations,
+            s.counters.evictions,
+            s.used
+        ),
+        (1, 4, 1, 3)
+    );
     let a = b.stats(Some("a")).unwrap();
-    assert_eq!((a.counters.allocations, a.counters.evictions, a.used), (2, 1, 1));
+    assert_eq!(
+        (a.counters.allocations, a.counters.evictions, a.used),
+        (2, 1, 1)
+    );
 }
 
 #[test]
@@ -42,7 +53,10 @@ fn allocate_many_is_allocate_in_a_loop() {
     let many = a.allocate_many("t", 5).unwrap();
     let one: Vec<_> = (0..5).map(|_| b.allocate("t").unwrap()).collect();
     assert_eq!(many, one);
-    assert_eq!(many.iter().map(|x| x.slot).collect::<Vec<_>>(), vec![0, 1, 2, 0, 1]);
+    assert_eq!(
+        many.iter().map(|x| x.slot).collect::<Vec<_>>(),
+        vec![0, 1, 2, 0, 1]
+    );
     let mut q = quotas(3, &[("z", Some(0))]);
     assert!(matches!(q.allocate_many("z", 2), Err(BankError::Quota(_))));
     assert_eq!(q.len(), 0);
@@ -59,10 +73,17 @@ fn touch_is_ordered_counts_duplicates_and_is_all_or_nothing() {
     assert_eq!(b.stats(None).unwrap().counters.hits, 3);
     b.release(3).unwrap();
     let err = b.touch(&[1, 3]).unwrap_err();
-    assert!(matches!(err, BankError::Slot(ref m) if m == "slot 3 is free"), "{err}");
+    assert!(
+        matches!(err, BankError::Slot(ref m) if m == "slot 3 is free"),
+        "{err}"
+    );
     let err = b.touch(&[1, 4]).unwrap_err();
     assert!(matches!(err, BankError::Slot(_)));
-    assert_eq!(b.recency(None).unwrap(), vec![1, 0, 2], "a failed batch changes nothing");
+    assert_eq!(
+        b.recency(None).unwrap(),
+        vec![1, 0, 2],
+        "a failed batch changes nothing"
+    );
     assert_eq!(b.stats(None).unwrap().counters.hits, 3);
 }
 
@@ -121,7 +142,10 @@ fn pool_tenants_share_what_quotas_leave() {
     assert_eq!(alloc(&mut b, "q"), (3, None));
     assert_eq!(b.stats(Some("p1")).unwrap().capacity, 2);
     // A new quota may not take slots the pool tenants already hold.
-    assert!(matches!(b.add_tenant("r", Some(1)), Err(BankError::Quota(_))));
+    assert!(matches!(
+        b.add_tenant("r", Some(1)),
+        Err(BankError::Quota(_))
+    ));
     b.release(1).unwrap();
     b.add_tenant("r", Some(1)).unwrap();
     assert_eq!(b.pool_capacity(), 1);
@@ -133,7 +157,10 @@ fn shared_books_refuse_new_tenants_when_quotas_take_everything() {
     let mut b = shared(2);
     b.add_tenant("big", Some(2)).unwrap();
     assert!(matches!(b.allocate("new"), Err(BankError::Quota(_))));
-    assert!(b.tenants().iter().all(|(n, _)| *n != "new"), "no half-created tenant");
+    assert!(
+        b.tenants().iter().all(|(n, _)| *n != "new"),
+        "no half-created tenant"
+    );
 }
 
 fn busy_books() -> Books {
@@ -165,32 +192,73 @@ fn state_round_trips_and_the_copy_behaves_identically() {
 fn inconsistent_states_are_refused() {
     let json = encode_books(&busy_books());
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    let mutations: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
-        ("duplicate recency", Box::new(|v| v["recency"][1] = v["recency"][0].clone())),
-        ("free list short", Box::new(|v| { v["free"].as_array_mut().unwrap().pop(); })),
-        ("free list has a used slot", Box::new(|v| v["free"][0] = v["recency"][0].clone())),
-        ("owner out of range", Box::new(|v| v["owners"][0] = 9.into())),
-        ("quota exceeded", Box::new(|v| v["tenants"][0]["quota"] = 1.into())),
-        ("quotas over capacity", Box::new(|v| v["tenants"][0]["quota"] = 7.into())),
+    type Mutation = Box<dyn Fn(&mut serde_json::Value)>;
+    let mutations: Vec<(&str, Mutation)> = vec![
+        (
+            "duplicate recency",
+            Box::new(|v| v["recency"][1] = v["recency"][0].clone()),
+        ),
+        (
+            "free list short",
+            Box::new(|v| {
+                v["free"].as_array_mut().unwrap().pop();
+            }),
+        ),
+        (
+            "free list has a used slot",
+            Box::new(|v| v["free"][0] = v["recency"][0].clone()),
+        ),
+        (
+            "owner out of range",
+            Box::new(|v| v["owners"][0] = 9.into()),
+        ),
+        (
+            "quota exceeded",
+            Box::new(|v| v["tenants"][0]["quota"] = 1.into()),
+        ),
+        (
+            "quotas over capacity",
+            Box::new(|v| v["tenants"][0]["quota"] = 7.into()),
+        ),
         ("capacity differs", Box::new(|v| v["capacity"] = 5.into())),
         ("unknown field", Box::new(|v| v["extra"] = 1.into())),
-        ("duplicate tenant", Box::new(|v| v["tenants"][1]["name"] = "q".into())),
-        ("owners short", Box::new(|v| { v["owners"].as_array_mut().unwrap().pop(); })),
-        ("counter overflow", Box::new(|v| {
-            v["tenants"][0]["hits"] = u64::MAX.into();
-            v["tenants"][1]["hits"] = 1.into();
-        })),
+        (
+            "duplicate tenant",
+            Box::new(|v| v["tenants"][1]["name"] = "q".into()),
+        ),
+        (
+            "owners short",
+            Box::new(|v| {
+                v["owners"].as_array_mut().unwrap().pop();
+            }),
+        ),
+        (
+            "counter overflow",
+            Box::new(|v| {
+                v["tenants"][0]["hits"] = u64::MAX.into();
+                v["tenants"][1]["hits"] = 1.into();
+            }),
+        ),
     ];
     for (what, mutate) in mutations {
         let mut bad = v.clone();
         mutate(&mut bad);
         let err = decode_books(&bad.to_string()).unwrap_err();
-        assert!(matches!(err, BankError::SnapshotCorrupt(_)), "{what}: {err}");
+        assert!(
+            matches!(err, BankError::SnapshotCorrupt(_)),
+            "{what}: {err}"
+        );
     }
-    assert!(matches!(decode_books("{"), Err(BankError::SnapshotCorrupt(_))));
+    assert!(matches!(
+        decode_books("{"),
+        Err(BankError::SnapshotCorrupt(_))
+    ));
     // A huge capacity is refused before anything of that size is allocated.
     let huge = r#"{"capacity":4000000000,"auto_create":true,"tenants":[],"recency":[],"owners":[],"free":[0]}"#;
-    assert!(matches!(decode_books(huge), Err(BankError::SnapshotCorrupt(_))));
+    assert!(matches!(
+        decode_books(huge),
+        Err(BankError::SnapshotCorrupt(_))
+    ));
 }
 
 /// A tiny xorshift generator: deterministic random operation streams without extra crates.
@@ -230,8 +298,9 @@ fn random_streams_agree_with_a_naive_model() {
                     assert_eq!(alloc(&mut b, t), expect);
                 }
                 1 if !used.is_empty() => {
-                    let batch: Vec<u32> =
-                        (0..1 + rng.below(4)).map(|_| used[rng.below(used.len() as u64) as usize].0).collect();
+                    let batch: Vec<u32> = (0..1 + rng.below(4))
+                        .map(|_| used[rng.below(used.len() as u64) as usize].0)
+                        .collect();
                     for &s in &batch {
                         clock += 1;
                         used.iter_mut().find(|u| u.0 == s).unwrap().2 = clock;
@@ -247,7 +316,10 @@ fn random_streams_agree_with_a_naive_model() {
             }
             let mut order = used.clone();
             order.sort_by_key(|u| u.2);
-            assert_eq!(b.recency(None).unwrap(), order.iter().map(|u| u.0).collect::<Vec<_>>());
+            assert_eq!(
+                b.recency(None).unwrap(),
+                order.iter().map(|u| u.0).collect::<Vec<_>>()
+            );
             assert_eq!(b.len() as usize, used.len());
         }
     }

@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
-use drift_bank_core::snapshot::{self, checksum, decode, encode, META_CHECKSUM, META_LAYOUT, META_VERSION};
+use drift_bank_core::snapshot::{
+    self, checksum, decode, encode, META_CHECKSUM, META_LAYOUT, META_VERSION,
+};
 use drift_bank_core::{ArrayRef, BankError, Books, ElementType, FORMAT_VERSION};
 use safetensors::SafeTensors;
 
@@ -32,12 +34,28 @@ fn arrays() -> Arrays {
 }
 
 fn views(a: &Arrays) -> BTreeMap<String, ArrayRef<'_>> {
-    let v = |dtype, shape: &[usize], data| ArrayRef { dtype, shape: shape.to_vec(), data };
+    let v = |dtype, shape: &[usize], data| ArrayRef {
+        dtype,
+        shape: shape.to_vec(),
+        data,
+    };
     BTreeMap::from([
-        ("keys".to_string(), v(ElementType::Float32, &[N, D], &a.keys[..])),
-        ("support".to_string(), v(ElementType::Int64, &[N, M], &a.support[..])),
-        ("bias".to_string(), v(ElementType::Float32, &[N, M], &a.bias[..])),
-        ("counts".to_string(), v(ElementType::Int32, &[N], &a.counts[..])),
+        (
+            "keys".to_string(),
+            v(ElementType::Float32, &[N, D], &a.keys[..]),
+        ),
+        (
+            "support".to_string(),
+            v(ElementType::Int64, &[N, M], &a.support[..]),
+        ),
+        (
+            "bias".to_string(),
+            v(ElementType::Float32, &[N, M], &a.bias[..]),
+        ),
+        (
+            "counts".to_string(),
+            v(ElementType::Int32, &[N], &a.counts[..]),
+        ),
     ])
 }
 
@@ -65,10 +83,15 @@ fn good_bytes() -> Vec<u8> {
 
 /// Re-encodes a snapshot's arrays with edited metadata and, if asked, a recomputed checksum:
 /// files that are well-formed safetensors but wrong in one precise way.
-fn reencode(bytes: &[u8], edit: impl Fn(&mut BTreeMap<String, String>), fix_checksum: bool) -> Vec<u8> {
+fn reencode(
+    bytes: &[u8],
+    edit: impl Fn(&mut BTreeMap<String, String>),
+    fix_checksum: bool,
+) -> Vec<u8> {
     let st = SafeTensors::deserialize(bytes).unwrap();
     let (_, header) = SafeTensors::read_metadata(bytes).unwrap();
-    let mut full: BTreeMap<String, String> = header.metadata().clone().unwrap().into_iter().collect();
+    let mut full: BTreeMap<String, String> =
+        header.metadata().clone().unwrap().into_iter().collect();
     edit(&mut full);
     let tensors = st.tensors();
     let owned: Vec<(String, ElementType, Vec<usize>, Vec<u8>)> = tensors
@@ -83,12 +106,26 @@ fn reencode(bytes: &[u8], edit: impl Fn(&mut BTreeMap<String, String>), fix_chec
         })
         .collect();
     if fix_checksum {
-        let sum = checksum(owned.iter().map(|(n, t, s, d)| (n.as_str(), *t, &s[..], &d[..])), &full);
+        let sum = checksum(
+            owned
+                .iter()
+                .map(|(n, t, s, d)| (n.as_str(), *t, &s[..], &d[..])),
+            &full,
+        );
         full.insert(META_CHECKSUM.into(), sum);
     }
     let refs: Vec<(String, ArrayRef<'_>)> = owned
         .iter()
-        .map(|(n, t, s, d)| (n.clone(), ArrayRef { dtype: *t, shape: s.clone(), data: &d[..] }))
+        .map(|(n, t, s, d)| {
+            (
+                n.clone(),
+                ArrayRef {
+                    dtype: *t,
+                    shape: s.clone(),
+                    data: &d[..],
+                },
+            )
+        })
         .collect();
     let header: HashMap<String, String> = full.into_iter().collect();
     safetensors::serialize(refs.iter().map(|(n, r)| (n.as_str(), r)), Some(header)).unwrap()
@@ -97,7 +134,9 @@ fn reencode(bytes: &[u8], edit: impl Fn(&mut BTreeMap<String, String>), fix_chec
 fn is_snapshot_error(e: &BankError) -> bool {
     matches!(
         e,
-        BankError::SnapshotCorrupt(_) | BankError::SnapshotVersion { .. } | BankError::SnapshotDraftMismatch { .. }
+        BankError::SnapshotCorrupt(_)
+            | BankError::SnapshotVersion { .. }
+            | BankError::SnapshotDraftMismatch { .. }
     )
 }
 
@@ -107,15 +146,36 @@ fn round_trip_keeps_books_arrays_and_meta() {
     let bytes = encode(&books(), &views(&a), &meta()).unwrap();
     let snap = decode(bytes, Some("sha256:draft")).unwrap();
     assert_eq!(snap.meta, meta());
-    assert_eq!(snap.books.recency(None).unwrap(), books().recency(None).unwrap());
-    assert_eq!(snap.books.stats(Some("a")).unwrap(), books().stats(Some("a")).unwrap());
-    let got: Vec<(&str, &[u8])> = snap.arrays.iter().map(|x| (x.name.as_str(), snap.array_data(x))).collect();
+    assert_eq!(
+        snap.books.recency(None).unwrap(),
+        books().recency(None).unwrap()
+    );
+    assert_eq!(
+        snap.books.stats(Some("a")).unwrap(),
+        books().stats(Some("a")).unwrap()
+    );
+    let got: Vec<(&str, &[u8])> = snap
+        .arrays
+        .iter()
+        .map(|x| (x.name.as_str(), snap.array_data(x)))
+        .collect();
     assert_eq!(
         got,
-        vec![("keys", &a.keys[..]), ("support", &a.support[..]), ("bias", &a.bias[..]), ("counts", &a.counts[..])]
+        vec![
+            ("keys", &a.keys[..]),
+            ("support", &a.support[..]),
+            ("bias", &a.bias[..]),
+            ("counts", &a.counts[..])
+        ]
     );
-    assert_eq!((snap.layout.capacity, snap.layout.dim, snap.layout.support), (N as u64, D as u64, M as u64));
-    assert_eq!(snap.layout.array_bytes(), (N * (D * 4 + M * (8 + 4) + 4)) as u64);
+    assert_eq!(
+        (snap.layout.capacity, snap.layout.dim, snap.layout.support),
+        (N as u64, D as u64, M as u64)
+    );
+    assert_eq!(
+        snap.layout.array_bytes(),
+        (N * (D * 4 + M * (8 + 4) + 4)) as u64
+    );
 }
 
 #[test]
@@ -123,7 +183,10 @@ fn every_truncation_is_refused() {
     let bytes = good_bytes();
     for len in 0..bytes.len() {
         let err = decode(bytes[..len].to_vec(), None).unwrap_err();
-        assert!(matches!(err, BankError::SnapshotCorrupt(_)), "truncated to {len}: {err}");
+        assert!(
+            matches!(err, BankError::SnapshotCorrupt(_)),
+            "truncated to {len}: {err}"
+        );
     }
 }
 
@@ -142,46 +205,103 @@ fn every_flipped_byte_is_refused() {
 fn an_appended_byte_is_refused() {
     let mut bytes = good_bytes();
     bytes.push(0);
-    assert!(matches!(decode(bytes, None), Err(BankError::SnapshotCorrupt(_))));
+    assert!(matches!(
+        decode(bytes, None),
+        Err(BankError::SnapshotCorrupt(_))
+    ));
 }
 
 #[test]
 fn other_versions_are_refused_with_a_version_error() {
     for v in ["2", "0", "one"] {
-        let bad = reencode(&good_bytes(), |m| { m.insert(META_VERSION.into(), v.into()); }, true);
+        let bad = reencode(
+            &good_bytes(),
+            |m| {
+                m.insert(META_VERSION.into(), v.into());
+            },
+            true,
+        );
         let err = decode(bad, None).unwrap_err();
-        assert!(matches!(err, BankError::SnapshotVersion { ref found, supported } if found == v && supported == FORMAT_VERSION), "{err}");
+        assert!(
+            matches!(err, BankError::SnapshotVersion { ref found, supported } if found == v && supported == FORMAT_VERSION),
+            "{err}"
+        );
     }
-    let bad = reencode(&good_bytes(), |m| { m.remove(META_VERSION); }, true);
-    assert!(matches!(decode(bad, None), Err(BankError::SnapshotCorrupt(_))));
+    let bad = reencode(
+        &good_bytes(),
+        |m| {
+            m.remove(META_VERSION);
+        },
+        true,
+    );
+    assert!(matches!(
+        decode(bad, None),
+        Err(BankError::SnapshotCorrupt(_))
+    ));
 }
 
 #[test]
 fn metadata_edits_without_a_new_checksum_are_refused() {
-    let bad = reencode(&good_bytes(), |m| { m.insert("config".into(), "{}".into()); }, false);
+    let bad = reencode(
+        &good_bytes(),
+        |m| {
+            m.insert("config".into(), "{}".into());
+        },
+        false,
+    );
     let err = decode(bad, None).unwrap_err();
-    assert!(matches!(err, BankError::SnapshotCorrupt(ref s) if s.contains("checksum")), "{err}");
+    assert!(
+        matches!(err, BankError::SnapshotCorrupt(ref s) if s.contains("checksum")),
+        "{err}"
+    );
 }
 
 #[test]
 fn shapes_that_disagree_with_the_layout_are_refused() {
     let edits: [(&str, &str); 4] = [
-        ("dim", r#"{"capacity":6,"dim":5,"support":3,"keys_dtype":"float32","support_dtype":"int64","bias_dtype":"float32","counts_dtype":"int32"}"#),
-        ("capacity", r#"{"capacity":7,"dim":4,"support":3,"keys_dtype":"float32","support_dtype":"int64","bias_dtype":"float32","counts_dtype":"int32"}"#),
-        ("dtype", r#"{"capacity":6,"dim":4,"support":3,"keys_dtype":"float16","support_dtype":"int64","bias_dtype":"float32","counts_dtype":"int32"}"#),
+        (
+            "dim",
+            r#"{"capacity":6,"dim":5,"support":3,"keys_dtype":"float32","support_dtype":"int64","bias_dtype":"float32","counts_dtype":"int32"}"#,
+        ),
+        (
+            "capacity",
+            r#"{"capacity":7,"dim":4,"support":3,"keys_dtype":"float32","support_dtype":"int64","bias_dtype":"float32","counts_dtype":"int32"}"#,
+        ),
+        (
+            "dtype",
+            r#"{"capacity":6,"dim":4,"support":3,"keys_dtype":"float16","support_dtype":"int64","bias_dtype":"float32","counts_dtype":"int32"}"#,
+        ),
         ("garbage", r#"{"capacity":6}"#),
     ];
     for (what, layout) in edits {
-        let bad = reencode(&good_bytes(), |m| { m.insert(META_LAYOUT.into(), layout.into()); }, true);
+        let bad = reencode(
+            &good_bytes(),
+            |m| {
+                m.insert(META_LAYOUT.into(), layout.into());
+            },
+            true,
+        );
         let err = decode(bad, None).unwrap_err();
-        assert!(matches!(err, BankError::SnapshotCorrupt(_)), "{what}: {err}");
+        assert!(
+            matches!(err, BankError::SnapshotCorrupt(_)),
+            "{what}: {err}"
+        );
     }
 }
 
 #[test]
 fn missing_caller_metadata_is_refused_on_load() {
-    let bad = reencode(&good_bytes(), |m| { m.remove("draft_fingerprint"); }, true);
-    assert!(matches!(decode(bad, None), Err(BankError::SnapshotCorrupt(_))));
+    let bad = reencode(
+        &good_bytes(),
+        |m| {
+            m.remove("draft_fingerprint");
+        },
+        true,
+    );
+    assert!(matches!(
+        decode(bad, None),
+        Err(BankError::SnapshotCorrupt(_))
+    ));
 }
 
 #[test]
@@ -196,16 +316,59 @@ fn wrong_draft_is_refused() {
 #[test]
 fn unsavable_input_is_refused_before_writing() {
     let a = arrays();
-    let cases: Vec<(&str, Box<dyn Fn(&mut BTreeMap<String, ArrayRef<'_>>, &mut BTreeMap<String, String>)>)> = vec![
-        ("missing array", Box::new(|v, _| { v.remove("counts"); })),
-        ("extra array", Box::new(|v, _| { let k = v["keys"].clone(); v.insert("more".into(), k); })),
-        ("bias int", Box::new(|v, _| v.get_mut("bias").unwrap().dtype = ElementType::Int32)),
-        ("wrong N", Box::new(|v, _| v.get_mut("counts").unwrap().shape = vec![3, 2])),
-        ("bytes vs shape", Box::new(|v, _| v.get_mut("keys").unwrap().shape = vec![N, D + 1])),
-        ("bias vs support", Box::new(|v, _| { let b = v.get_mut("bias").unwrap(); b.shape = vec![N, 1]; b.data = &b.data[..N * 4]; })),
-        ("no draft", Box::new(|_, m| { m.remove("draft_fingerprint"); })),
-        ("config not json", Box::new(|_, m| { m.insert("config".into(), "lambda=0.6".into()); })),
-        ("reserved key", Box::new(|_, m| { m.insert("drift_bank.books".into(), "{}".into()); })),
+    type Edit = Box<dyn Fn(&mut BTreeMap<String, ArrayRef<'_>>, &mut BTreeMap<String, String>)>;
+    let cases: Vec<(&str, Edit)> = vec![
+        (
+            "missing array",
+            Box::new(|v, _| {
+                v.remove("counts");
+            }),
+        ),
+        (
+            "extra array",
+            Box::new(|v, _| {
+                let k = v["keys"].clone();
+                v.insert("more".into(), k);
+            }),
+        ),
+        (
+            "bias int",
+            Box::new(|v, _| v.get_mut("bias").unwrap().dtype = ElementType::Int32),
+        ),
+        (
+            "wrong N",
+            Box::new(|v, _| v.get_mut("counts").unwrap().shape = vec![3, 2]),
+        ),
+        (
+            "bytes vs shape",
+            Box::new(|v, _| v.get_mut("keys").unwrap().shape = vec![N, D + 1]),
+        ),
+        (
+            "bias vs support",
+            Box::new(|v, _| {
+                let b = v.get_mut("bias").unwrap();
+                b.shape = vec![N, 1];
+                b.data = &b.data[..N * 4];
+            }),
+        ),
+        (
+            "no draft",
+            Box::new(|_, m| {
+                m.remove("draft_fingerprint");
+            }),
+        ),
+        (
+            "config not json",
+            Box::new(|_, m| {
+                m.insert("config".into(), "lambda=0.6".into());
+            }),
+        ),
+        (
+            "reserved key",
+            Box::new(|_, m| {
+                m.insert("drift_bank.books".into(), "{}".into());
+            }),
+        ),
     ];
     for (what, edit) in cases {
         let (mut v, mut m) = (views(&a), meta());
@@ -233,12 +396,23 @@ fn save_replaces_atomically_and_leaves_no_temp_files() {
     snapshot::save(&path, &books(), &views(&a), &other).unwrap();
     let snap = snapshot::load(&path, None).unwrap();
     assert_eq!(snap.meta["note"], "second");
-    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names, vec![std::ffi::OsString::from("bank.safetensors")]);
     let err = snapshot::load(&dir.join("missing.safetensors"), None).unwrap_err();
-    assert!(matches!(err, BankError::Io { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound));
+    assert!(
+        matches!(err, BankError::Io { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    );
     // A failed write (directory missing) leaves nothing behind and reports the path.
-    let err = snapshot::save(&dir.join("no/such/dir.safetensors"), &books(), &views(&a), &meta()).unwrap_err();
+    let err = snapshot::save(
+        &dir.join("no/such/dir.safetensors"),
+        &books(),
+        &views(&a),
+        &meta(),
+    )
+    .unwrap_err();
     assert!(matches!(err, BankError::Io { .. }), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
