@@ -172,10 +172,14 @@ class SuffixTrie:
 
     def longest_match(self, pattern: Sequence[int]) -> int:
         """Length of the longest suffix of pattern (at most max_depth) that occurs."""
-        m = 0
-        while m < min(len(pattern), self.max_depth) and self._find(pattern[len(pattern) - m - 1:]) is not None:
-            m += 1                                # occurrence is monotone in the suffix length
-        return m
+        lo, hi = 0, min(len(pattern), self.max_depth)   # occurs(lo); binary search, as occurrence
+        while lo < hi:                                  # is monotone in the suffix length
+            mid = (lo + hi + 1) // 2
+            if self._find(pattern[len(pattern) - mid:]) is not None:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _walk(self, pos: tuple[_Node, int, int], limit: int, min_token_prob: float) -> Draft:
         """Follow the most frequent continuation (first seen on ties) while probable enough."""
@@ -197,16 +201,19 @@ class SuffixTrie:
 
     def speculate(self, pattern: Sequence[int], max_tokens: int, max_spec_factor: float = 1.0,
                   min_token_prob: float = 0.1) -> Draft:
-        """The best draft over every match length of pattern's suffixes (see the module doc)."""
+        """The best draft over every match length of pattern's suffixes (see the module doc).
+
+        Longest match first: a draft's score is at most its length limit, which shrinks with the
+        match length, so the search stops once no shorter match can score higher (ties go to the
+        longer match). Same result as trying every length, usually after one walk.
+        """
         best = Draft()
-        pos: tuple[_Node, int, int] | None = None
-        for m in range(1, min(len(pattern), self.max_depth) + 1):
-            pos = self._find(pattern[len(pattern) - m:])
-            if pos is None:
-                break                             # no longer suffix occurs either
+        for m in range(self.longest_match(pattern), 0, -1):
             limit = min(max_tokens, int(m * max_spec_factor + 1e-6))
-            draft = self._walk(pos, limit, min_token_prob)
-            if draft.tokens and draft.score >= best.score:
+            if limit <= best.score:
+                break
+            draft = self._walk(self._find(pattern[len(pattern) - m:]), limit, min_token_prob)
+            if draft.tokens and draft.score > best.score:
                 draft.match_len = m
                 best = draft
         return best

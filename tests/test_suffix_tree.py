@@ -154,6 +154,36 @@ def test_speculate_follows_the_counts(docs, depth, pattern, max_tokens, factor, 
                 assert max(cont.values()) / brute_count(docs, s, depth) < min_prob
 
 
+def reference_speculate(trie, pattern, max_tokens, factor, min_prob):
+    """Try every match length; the highest score wins, the longer match on ties."""
+    best = None
+    for m in range(1, min(len(pattern), trie.max_depth) + 1):
+        pos = trie._find(pattern[len(pattern) - m:])
+        if pos is None:
+            break
+        d = trie._walk(pos, min(max_tokens, int(m * factor + 1e-6)), min_prob)
+        if d.tokens and (best is None or d.score >= best[1].score):
+            best = (m, d)
+    return (0, []) if best is None else (best[0], best[1].tokens)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    docs=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1, max_size=3),
+    depth=st.integers(1, 10),
+    pattern=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+    max_tokens=st.integers(1, 8),
+    factor=st.sampled_from([0.3, 1.0, 2.5]),
+    min_prob=st.sampled_from([0.0, 0.1, 0.4]),
+)
+def test_speculate_early_exit_equals_trying_every_match_length(docs, depth, pattern, max_tokens, factor, min_prob):
+    trie = SuffixTrie(depth)
+    for i, d in enumerate(docs):
+        trie.extend(i, d)
+    draft = trie.speculate(pattern, max_tokens, factor, min_prob)
+    assert (draft.match_len, draft.tokens) == reference_speculate(trie, pattern, max_tokens, factor, min_prob)
+
+
 def test_speculate_prefers_the_longer_match_and_grows_with_it():
     trie = SuffixTrie(16)
     trie.extend(0, [5, 1, 2, 3, 4, 6, 7, 8, 9])
