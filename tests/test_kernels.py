@@ -5,6 +5,7 @@ number of valid slots, empty banks). One tolerance table per key dtype; the fp32
 compared bit for bit.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,9 +85,10 @@ def test_retrieval_exact_key_has_weight_one():
 
 def make_bias_case(q, n, m, v, k, seed):
     g = torch.Generator().manual_seed(seed)
-    support = torch.stack([torch.randperm(v, generator=g)[:m] for _ in range(n)]).to(torch.int32)
-    # force shared tokens across prototypes so the scatter sums collide
-    support[:, 0] = 3
+    # token 3 in every prototype (so the scatter sums collide), the other ids unique per row
+    rest = torch.stack([torch.randperm(v - 1, generator=g)[:m - 1] for _ in range(n)])
+    support = torch.cat([torch.full((n, 1), 3), rest + (rest >= 3).long()], dim=1).to(torch.int32)
+    assert all(len(set(row)) == m for row in support.tolist())
     bias = torch.randn(n, m, generator=g) * 2.0
     keys = reference.unit_rows(torch.randn(n, 24, generator=g))
     valid = torch.rand(n, generator=g) < 0.8
@@ -197,6 +199,69 @@ def test_support_residual_renormalises_and_clips():
 
 def test_auto_backend_uses_reference_on_cpu():
     assert not drift_kernels.use_triton(torch.zeros(1), "auto")
+    assert drift_kernels.ops.resolve(torch.zeros(1), "auto") == "cpu"
     assert drift_kernels.use_triton(torch.zeros(1), "triton")
     with pytest.raises(ValueError, match="unknown kernel backend"):
         drift_kernels.use_triton(torch.zeros(1), "cuda")
+
+
+# --- the numpy CPU fast path against the reference ---------------------------------------------
+
+@pytest.mark.parametrize("n,d,q,k,share", [(6, 20, 3, 4, 0.7), (123, 48, 5, 4, 0.7), (300, 96, 1, 4, 1.0), (9, 17, 4, 8, 0.5)])
+def test_cpu_retrieval_matches_reference(n, d, q, k, share):
+    keys, valid, g = make_bank(n, d, torch.float32, seed=n + 1, valid_share=share)
+    h = torch.randn(q, d, generator=g)
+    got = drift_kernels.retrieve(h, keys, valid, k, sigma=0.3, backend="cpu")
+    want = reference.retrieve(h, keys, valid, k, sigma=0.3)
+    assert torch.equal(got.idx, want.idx)
+    live = want.idx >= 0
+    torch.testing.assert_close(got.sim[live], want.sim[live], atol=1e-6, rtol=0)
+    torch.testing.assert_close(got.weight, want.weight, atol=1e-6, rtol=0)
+
+
+def test_cpu_retrieval_ties_and_empty():
+    from drift_kernels.cpu import _top
+    # ties in the computed similarities go to the lower slot, at the top-k boundary too
+    assert _top(np.array([0.5, 0.9, 0.5, 0.9, 0.1, 0.5], dtype=np.float32), 3).tolist() == [1, 3, 0]
+    assert _top(np.array([0.2, 0.7, 0.7], dtype=np.float32), 1).tolist() == [1]
+    key = reference.unit_rows(torch.randn(1, 16))
+    nb = drift_kernels.retrieve(key, torch.empty(0, 16), torch.empty(0, dtype=torch.bool), 4, 0.5, backend="cpu")
+    assert nb.idx.tolist() == [[-1] * 4] and nb.weight.abs().sum().item() == 0
+
+
+@pytest.mark.parametrize("q,n,m,v,k", [(1, 6, 5, 50, 4), (4, 123, 32, 1000, 4), (3, 7, 9, 97, 8)])
+def test_cpu_bias_add_is_bit_exact(q, n, m, v, k):
+    z, nb, support, bias = make_bias_case(q, n, m, v, k, seed=q * 77 + n)
+    got = drift_kernels.bias_add(z, nb, support, bias, gain=0.6, backend="cpu")
+    assert torch.equal(got, reference.bias_add(z, nb, support, bias, gain=0.6))
+    dense = torch.randn(n, v)
+    got = drift_kernels.bias_add(z, nb, None, dense, gain=0.6, backend="cpu")
+    assert torch.equal(got, reference.bias_add_dense(z, nb, dense, gain=0.6))
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_cpu_update_matches_reference(adaptive):
+    keys, _, g = make_bank(40, 33, torch.float32, seed=5)
+    bias, counts = torch.randn(40, 8, generator=g), torch.randint(0, 5, (40,), generator=g)
+    slots = torch.tensor([3, 9, 3, 3, 0])
+    residual, h = torch.randn(5, 8, generator=g), torch.randn(5, 33, generator=g)
+    got = [keys.clone(), bias.clone(), counts.clone()]
+    drift_kernels.update(*got, slots, residual, h, eta=0.1, adaptive=adaptive, backend="cpu")
+    want = [keys.clone(), bias.clone(), counts.clone()]
+    reference.update(*want, slots, residual, h, eta=0.1, adaptive=adaptive)
+    torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(got[1], want[1], atol=1e-6, rtol=1e-6)
+    assert torch.equal(got[2], want[2])
+
+
+def test_cpu_bank_view_fuses_retrieval_and_bias_add():
+    from drift_kernels.cpu import BankView
+    z, nb0, support, bias = make_bias_case(1, 60, 16, 500, 4, seed=11)
+    keys, valid, g = make_bank(60, 24, torch.float32, seed=11, valid_share=0.8)
+    h = torch.randn(1, 24, generator=g)
+    view = BankView(keys, valid, support, bias)
+    out, nb = view.adjust(h, z, hi=60, all_valid=False, k=4, sigma=0.4, gain=0.6)
+    assert torch.equal(nb.idx, reference.retrieve(h, keys, valid, 4, 0.4).idx)
+    assert torch.equal(out, reference.bias_add(z, nb, support, bias, 0.6))
+    out2, nb2 = view.adjust(h, z, hi=30, all_valid=False, k=4, sigma=0.4, gain=0.6)   # only slots < 30
+    assert bool((nb2.idx < 30).all()) and torch.equal(out2, reference.bias_add(z, nb2, support, bias, 0.6))

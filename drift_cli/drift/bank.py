@@ -20,6 +20,8 @@ import torch
 import drift_kernels
 from drift_cli.drift.config import DriftConfig
 from drift_kernels import Neighbours, reference
+from drift_kernels.cpu import BankView
+from drift_kernels.ops import resolve
 
 USED_WEIGHT = 1e-3  # a retrieved prototype counts as used when its kernel weight exceeds this
 
@@ -49,6 +51,8 @@ class DriftBank:
         self.bias = torch.zeros(n, m or vocab, dtype=torch.float32, device=device)
         self.counts = torch.zeros(n, dtype=torch.int64, device=device)
         self.valid = torch.zeros(n, dtype=torch.bool, device=device)
+        self.view = BankView(self.keys, self.valid, self.support, self.bias) \
+            if resolve(self.keys, backend) == "cpu" and key_dtype == torch.float32 else None
         self.n_valid = 0          # host-side count, so an empty bank costs no device work
         self.hi = 0               # 1 + the highest valid slot: retrieval scans keys[:hi] only
         self.totals = ObserveStats()
@@ -64,6 +68,14 @@ class DriftBank:
     def adjust(self, z: torch.Tensor, nb: Neighbours) -> torch.Tensor:
         """z [Q, V] sampling-space logits -> z + λβ."""
         return drift_kernels.bias_add(z, nb, self.support, self.bias, self.cfg.gain, backend=self.backend)
+
+    def draft_step(self, h: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, Neighbours]:
+        """h [Q, d], z [Q, V] -> (z + λβ, the neighbours): one fused call on the CPU path."""
+        if self.view is not None:
+            c = self.cfg
+            return self.view.adjust(h, z, self.hi, self.n_valid == self.hi, c.neighbors, c.sigma, c.gain)
+        nb = self.retrieve(h)
+        return (self.adjust(z, nb) if self.cfg.gain != 0.0 else z), nb
 
     # -- update after verification --------------------------------------------------------------
 

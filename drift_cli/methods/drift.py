@@ -105,12 +105,12 @@ class DriftMethod(ModelDraftPolicy):
 
     def adjust(self, hidden: torch.Tensor, logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
         """hidden [B, d], sampling-space logits [B, V] -> logits + λβ (unchanged while the bank is empty)."""
-        if self.bank is None or self.bank.n_valid == 0 or self.cfg.gain == 0.0:
-            self._pending.append(None if self.bank is None or self.bank.n_valid == 0 else self.bank.retrieve(hidden))
+        if self.bank is None or self.bank.n_valid == 0:
+            self._pending.append(None)
             return logits
-        nb = self.bank.retrieve(hidden)
+        adjusted, nb = self.bank.draft_step(hidden, logits)
         self._pending.append(nb)
-        return self.bank.adjust(logits, nb)
+        return adjusted
 
     # -- update --------------------------------------------------------------------------------
 
