@@ -151,3 +151,17 @@ def test_wrong_proposal_distribution_is_detected():
     _, target = tiny_pair(vocab=VOCAB, seed=11)
     p = sampling_p_value(target, WrongQ, SAMPLING_PROMPT, samples=1000)
     assert p < SIGNIFICANCE, f"a wrong q for a copied token went unnoticed (p = {p:.3f})"
+
+
+def test_greedy_with_eos_equals_ar():
+    _, target = tiny_pair(scale=8.0)
+    lm = CausalLM(target, "target")
+    stream = _stream(REPETITIVE, max_new=30)
+    plain = run_stream(lm, Autoregressive(), stream, DecodeConfig(gamma=4, max_new_tokens=30))
+    eos = plain.generations[0].output_ids[12]
+    dc = DecodeConfig(gamma=4, max_new_tokens=30, eos_id=eos)
+    ar = run_stream(lm, Autoregressive(), stream, dc)
+    policy = Recording()
+    run = run_stream(lm, policy, stream, dc)
+    assert [g.output_ids for g in run.generations] == [g.output_ids for g in ar.generations]
+    assert any(g.hit_eos for g in ar.generations) and policy.proposed > 0

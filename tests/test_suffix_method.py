@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import click
 import pytest
 import torch
+from click.testing import CliRunner
 
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, run_stream
@@ -138,3 +140,30 @@ def test_options_and_validation():
             SuffixDecoding(SuffixConfig(**bad))
     assert sorted(o.name for o in SuffixDecoding.cli_options) == [
         "suffix_max_depth", "suffix_max_spec_factor", "suffix_max_tokens", "suffix_min_token_prob"]
+
+
+def test_greedy_with_tenants_and_eos_equals_ar():
+    _, target = tiny_pair(scale=8.0)
+    lm = CausalLM(target, "target")
+    stream = _stream(PROMPTS, max_new=30, tenants=["a", "b", "a", "b", None, "a"])
+    plain = run_stream(lm, Autoregressive(), stream, DecodeConfig(gamma=4, max_new_tokens=30))
+    eos = plain.generations[0].output_ids[12]      # a token the target does emit
+    dc = DecodeConfig(gamma=4, max_new_tokens=30, eos_id=eos)
+    ar = run_stream(lm, Autoregressive(), stream, dc)
+    policy = Recording()
+    run = run_stream(lm, policy, stream, dc)
+    assert [g.output_ids for g in run.generations] == [g.output_ids for g in ar.generations]
+    assert any(g.hit_eos for g in ar.generations) and policy.proposed > 0
+    assert run.report["suffix_stream_tenants"] == 3
+
+
+def test_cli_options_parse_and_reject_bad_values():
+    seen = {}
+    cmd = click.Command("bench", params=list(SuffixDecoding.cli_options), callback=lambda **kw: seen.update(kw))
+    runner = CliRunner()
+    ok = runner.invoke(cmd, ["--suffix-max-depth", "8", "--suffix-min-token-prob", "0.3"])
+    assert ok.exit_code == 0, ok.output
+    assert SuffixConfig.from_options(seen) == SuffixConfig(max_depth=8, min_token_prob=0.3)
+    for args in (["--suffix-max-depth", "0"], ["--suffix-max-spec-factor", "0"], ["--suffix-min-token-prob", "2"]):
+        bad = runner.invoke(cmd, args)
+        assert bad.exit_code == 2 and "Invalid value" in bad.output, (args, bad.output)
