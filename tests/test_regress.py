@@ -246,3 +246,20 @@ def test_committed_micro_baseline_passes_on_this_machine(capsys):
     code, out, err = run_cli(["regress", "check", "--baseline", path], capsys)
     assert code == 0, err
     assert "Acceptance held for the zoo 'micro' pair" in flat(out)
+
+
+def test_a_relative_corpus_baseline_moves_with_the_checkout(world, tmp_path, monkeypatch, capsys):
+    """Pinned in one checkout with a relative --corpus, checked in a copy elsewhere (a CI workspace)."""
+    first, second = tmp_path / "here", tmp_path / "there"
+    shutil.copytree(world["corpus"], first / "prompts")
+    monkeypatch.chdir(first)
+    code, _, err = run_cli(["regress", "pin", "--corpus", "prompts", "--draft", world["draft"], "--target",
+                            world["target"], *STREAM, "--out", "baseline.json"], capsys)
+    assert code == 0, err
+    shutil.copytree(first, second)
+    shutil.rmtree(first)
+    monkeypatch.chdir(second)
+    forget_loaded()
+    code, out, err = run_cli(["regress", "check", "--baseline", "baseline.json"], capsys)
+    assert code == 0, err
+    assert "Checkpoints unchanged" in flat(out)

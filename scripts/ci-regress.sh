@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The acceptance regression gate in this project's CI: the built-in `micro` zoo pair against the
+# committed baseline results/baselines/micro.json (pinned with `drift regress pin --zoo micro
+# --methods vanilla,drift`). Called by .ci/run after the tests.
+#
+# Exit codes: 0 acceptance held; 1 acceptance fell by more than the tolerance (the paragraph on
+# stderr names the pair, both fingerprints and the drop); 2 bad input: the baseline is missing or
+# of another version, or the tokenizer or the regression stream changed -> re-pin and commit.
+# The check report is written to results/regress/ (not committed).
+#
+#   scripts/ci-regress.sh [extra `drift regress check` flags, e.g. --tolerance 0.03]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BASELINE="${DRIFT_REGRESS_BASELINE:-results/baselines/micro.json}"
+if [ -x .venv/bin/drift ]; then
+    DRIFT=(.venv/bin/drift)
+else
+    DRIFT=("${PYTHON:-python3}" -m drift_cli)
+fi
+
+start=$SECONDS
+rc=0
+"${DRIFT[@]}" regress check --baseline "$BASELINE" --zoo micro --out results/regress "$@" || rc=$?
+echo "drift regress check (micro): exit $rc after $((SECONDS - start)) s" >&2
+exit "$rc"
