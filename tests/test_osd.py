@@ -256,3 +256,18 @@ def test_options_and_validation():
         OnlineDistillation.build(ctx)
     names = [o.name for o in OnlineDistillation.cli_options]
     assert "divergence" not in names and {"osd_interval", "osd_lr", "osd_all_positions"} <= set(names)
+
+
+@pytest.mark.slow
+def test_sampling_stays_lossless_while_the_draft_learns():
+    """Speculative sampling with a draft that changes every fourth step still samples the target
+    (chi-square over the first two tokens, significance 1e-3; see tests/exactness.py)."""
+    from tests.exactness import SIGNIFICANCE, sampling_p_value
+
+    draft, target = tiny_pair(vocab=8, seed=11)
+    cfg = OSDConfig(interval=4, steps=1, batch=4, lr=3e-2, topk=0)
+    policies: list[OnlineDistillation] = []
+    make = lambda: policies.append(OnlineDistillation(draft, cfg)) or policies[-1]  # noqa: E731
+    p = sampling_p_value(target, make, [1, 5, 2], n_tokens=2, samples=1000, temperature=0.8)
+    assert policies[0].stats.updates > 100
+    assert p > SIGNIFICANCE

@@ -66,6 +66,7 @@ class OnlineDistillation(ModelDraftPolicy):
         self.trainer = DraftTrainer(self.student, self.cfg)
         self.generator = torch.Generator().manual_seed(self.seed)
         self.stats = UpdateStats()
+        self.verifications = 0                                 # verification steps observed in this stream
         self._committed: torch.Tensor | None = None
 
     # -- stream / prompt -----------------------------------------------------------------------
@@ -87,7 +88,10 @@ class OnlineDistillation(ModelDraftPolicy):
         if self.cfg.frozen:
             return                                             # nothing would ever read the buffer
         self.buffer.extend(entries_from_feedback(feedback, self.cfg.topk, self.cfg.all_positions))
-        if self.cfg.due(feedback.step) and len(self.buffer):
+        # Counted here rather than read from feedback.step: equal under run_stream, and still
+        # stream-global when a caller drives `generate` prompt by prompt (step restarts at 0).
+        self.verifications += 1
+        if self.cfg.due(self.verifications - 1) and len(self.buffer):
             self._update(target_temperature(feedback))
 
     def _update(self, temperature: float) -> None:
