@@ -271,3 +271,21 @@ def test_sampling_stays_lossless_while_the_draft_learns():
     p = sampling_p_value(target, make, [1, 5, 2], n_tokens=2, samples=1000, temperature=0.8)
     assert policies[0].stats.updates > 100
     assert p > SIGNIFICANCE
+
+
+def test_cli_flags_parse_into_the_config():
+    import click
+    from click.testing import CliRunner
+
+    from drift_cli.methods.offline import Offline
+
+    seen = {}
+    cmd = click.Command("bench", params=[*OnlineDistillation.cli_options, *Offline.cli_options],
+                        callback=lambda **kw: seen.update(kw))
+    res = CliRunner().invoke(cmd, ["--osd-interval", "inf", "--osd-lr", "1e-3", "--osd-topk", "0",
+                                   "--osd-all-positions", "--divergence", "tvd"])
+    assert res.exit_code == 0, res.output
+    cfg = OSDConfig.from_options(seen).validate()
+    assert cfg == OSDConfig(interval=math.inf, lr=1e-3, topk=0, all_positions=True, divergence="tvd")
+    CliRunner().invoke(cmd, [])
+    assert OSDConfig.from_options(seen) == OSDConfig()
