@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from drift_cli.methods.base import Feedback
+if TYPE_CHECKING:  # a runtime import would cycle: drift_cli.methods imports the osd method
+    from drift_cli.methods.base import Feedback
 
 
 @dataclass
