@@ -39,7 +39,8 @@ Progress = Callable[[str, float, float], None]
 @dataclass
 class RegressConfig:
     """What one measurement needs. The defaults are the regression stream: the indist dev split
-    (all 20 prompts), 64 new tokens each: about 1300 drafted positions, seconds on micro."""
+    (all 20 prompts), 64 new tokens each: about 3300 drafted positions for vanilla on micro, and
+    seconds of decoding there (docs/regress.md has the measured times)."""
 
     zoo: str | None = "micro"
     draft: str | None = None
@@ -177,7 +178,11 @@ def measure(cfg: RegressConfig, models: Models, stream: Stream, progress: Progre
     missing = [n for n in names if n not in runs or not runs[n].complete]
     if missing:   # run_stream stops early only on Ctrl-C: pass it on, write nothing half-measured
         raise KeyboardInterrupt
-    return {n: method_acceptance(runs[n]) for n in names}
+    out = {n: method_acceptance(runs[n]) for n in names}
+    for n, m in out.items():
+        if m["acceptance_rate"] is None:
+            raise BadInput(f"{n} drafted no tokens on the regression stream: raise --max-new-tokens")
+    return out
 
 
 def describe_models(models: Models) -> dict[str, Any]:
@@ -315,7 +320,7 @@ class Verdict:
 
 
 def compare(doc: dict, measured: dict[str, dict]) -> list[Verdict]:
-    return [Verdict(name, float(old["acceptance_rate"]), float(measured[name]["acceptance_rate"] or 0.0),
+    return [Verdict(name, float(old["acceptance_rate"]), float(measured[name]["acceptance_rate"]),
                     list(old.get("acceptance_ci95") or [math.nan, math.nan]),
                     list(measured[name]["acceptance_ci95"]))
             for name, old in doc["methods"].items()]
@@ -374,9 +379,28 @@ def verdict_paragraph(doc: dict, now: dict, verdicts: list[Verdict], tolerance: 
     where = (f"Measured on {s.get('name')}/{s.get('split')}, {s.get('prompts')} prompts x "
              f"{s.get('max_new_tokens')} new tokens (stream {_fp(s.get('identity'))}), gamma {d['gamma']}, "
              f"temperature {d['temperature']}, seed {d['seed']}.")
-    advice = (" The draft was tuned against the baseline's target: re-distil or re-tune it for the new target, "
-              "or re-pin with `drift regress pin` if the lower acceptance is accepted." if failed else "")
-    return f"{head}{per_method}. {fingerprint_sentence(doc, now)} {where}{advice}"
+    advice = " " + regression_advice(doc, now) if failed else ""
+    return f"{head}{per_method}. {fingerprint_sentence(doc, now)} {where}{settings_note(doc)}{advice}"
+
+
+def regression_advice(doc: dict, now: dict) -> str:
+    """What the drop most likely means, from which fingerprints changed."""
+    changed = fingerprint_changes(doc, now)
+    repin = "or re-pin with `drift regress pin` if the lower acceptance is accepted."
+    if "target" in changed:
+        return f"The draft was tuned against the baseline's target: re-distil or re-tune it for the new target, {repin}"
+    if "draft" in changed:
+        return f"The new draft agrees less with this target than the pinned one did: keep the old draft, {repin}"
+    return ("Both checkpoints are the pinned ones, so the drop comes from the code, the libraries or the platform "
+            f"(compare the baseline's env with this report's): find the change, {repin}")
+
+
+def settings_note(doc: dict) -> str:
+    """A sentence when a gated method's default settings are no longer the pinned ones."""
+    now = method_configs(list(doc["methods"]))
+    old = doc.get("method_config") or {}
+    moved = sorted(n for n in now if n in old and old[n] != now[n])
+    return f" Note: {', '.join(moved)} default settings differ from the baseline's." if moved else ""
 
 
 def check(doc: dict, cfg: RegressConfig, tolerance: float = DEFAULT_TOLERANCE,

@@ -263,3 +263,22 @@ def test_a_relative_corpus_baseline_moves_with_the_checkout(world, tmp_path, mon
     code, out, err = run_cli(["regress", "check", "--baseline", "baseline.json"], capsys)
     assert code == 0, err
     assert "Checkpoints unchanged" in flat(out)
+
+
+def test_a_drop_with_both_checkpoints_pinned_blames_the_code(baseline, world):
+    """The paragraph reasons from the fingerprints: same checkpoints, lower acceptance -> not the target."""
+    from drift_cli.regress import verdict_paragraph
+
+    doc = load_baseline(baseline)
+    now = {**doc["pair"]}
+    text = verdict_paragraph(doc, now, [Verdict("vanilla", 1.0, 0.9, [1.0, 1.0], [0.8, 0.95])], 0.02)
+    assert text.startswith("Acceptance regression for the pair (draft ")
+    assert "vanilla acceptance 1.000 (95% CI 1.000-1.000) -> 0.900 (95% CI 0.800-0.950), a drop of 0.100" in text
+    assert "Checkpoints unchanged" in text and "the drop comes from the code, the libraries or the platform" in text
+    from drift_cli.regress import method_configs, settings_note
+
+    doc["methods"] = {"drift": doc["methods"]["vanilla"]}
+    doc["method_config"] = method_configs(["drift"])
+    assert settings_note(doc) == ""
+    doc["method_config"]["drift"]["gain"] = -1.0      # DRIFT's defaults moved since pinning
+    assert settings_note(doc) == " Note: drift default settings differ from the baseline's."

@@ -65,6 +65,7 @@ def pin(methods, scenario, corpus, split, max_prompts, max_new_tokens, gamma, te
     """Measure the pair's acceptance on a fixed regression stream and write a baseline."""
     from drift_cli.cli import stdout_console
     from drift_cli.regress import default_baseline_path, pin as run_pin, write_baseline
+    from drift_cli.results import check_writable
 
     if scenario is None and corpus is None:
         scenario = _D.scenario
@@ -73,9 +74,11 @@ def pin(methods, scenario, corpus, split, max_prompts, max_new_tokens, gamma, te
                         gamma=gamma, temperature=temperature, seed=seed, device=device, dtype=dtype)
     cfg.method_names()
     cfg.bench_config()
+    path = out or default_baseline_path(cfg)
+    check_writable(path.parent)
     with rich_progress() as progress:
         baseline = run_pin(cfg, ProgressCallback(progress))
-    path = write_baseline(out or default_baseline_path(cfg), baseline)
+    write_baseline(path, baseline)
     if as_json:
         emit(baseline, True)
         return
