@@ -249,8 +249,9 @@ def load_baseline(path: Path) -> dict:
         doc = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadInput(f"baseline {p} is not valid JSON ({e}); re-pin it with `drift regress pin`") from e
-    if not isinstance(doc, dict) or doc.get("kind") != BASELINE_KIND:
-        raise BadInput(f"{p} is not a drift regress baseline (kind {doc.get('kind') if isinstance(doc, dict) else None!r})")
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if kind != BASELINE_KIND:
+        raise BadInput(f"{p} is not a drift regress baseline (kind {kind!r}, expected {BASELINE_KIND!r})")
     if doc.get("baseline_version") != BASELINE_VERSION:
         raise BadInput(f"baseline {p} has version {doc.get('baseline_version')!r}; this drift-bench reads "
                        f"version {BASELINE_VERSION}: re-pin with `drift regress pin`")
