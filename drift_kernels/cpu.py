@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from drift_kernels.reference import NORM_EPS, Neighbours
+from drift_kernels.reference import NORM_EPS, RESIDUAL_CLIP, Neighbours
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -143,14 +143,31 @@ def update(keys: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor, slots: 
         from drift_kernels import reference
         reference.update(keys, bias, counts, slots, residual, h, eta, adaptive)
         return
-    kn, bn, cn = _np(keys), _np(bias), _np(counts)
-    hs = _f32(h)
-    hn = hs / np.maximum(np.sqrt(np.einsum("pd,pd->p", hs, hs)), np.float32(NORM_EPS))[:, None]
-    r = _f32(residual)
-    for p, slot in enumerate(_np(slots).tolist()):
-        rate64 = max(eta, 1.0 / (float(cn[slot]) + 1.0)) if adaptive else eta
+    update_rows(_np(keys), _np(bias), _np(counts), _np(slots), _f32(residual), _f32(h), eta, adaptive)
+
+
+def update_rows(keys: np.ndarray, bias: np.ndarray, counts: np.ndarray, slots, residual: np.ndarray,
+                h: np.ndarray, eta: float, adaptive: bool) -> None:
+    """The EMA step on numpy arrays (views of the bank), positions in order."""
+    hn = h / np.maximum(np.sqrt(np.einsum("pd,pd->p", h, h)), np.float32(NORM_EPS))[:, None]
+    for p, slot in enumerate(np.asarray(slots).tolist()):
+        rate64 = max(eta, 1.0 / (float(counts[slot]) + 1.0)) if adaptive else eta
         rate, keep = np.float32(rate64), np.float32(1.0 - rate64)      # as torch rounds Python scalars
-        bn[slot] = keep * bn[slot] + rate * r[p]
-        key = keep * kn[slot] + rate * hn[p]
-        kn[slot] = key / max(np.float32(np.sqrt(key @ key)), np.float32(NORM_EPS))
-        cn[slot] += 1
+        bias[slot] = keep * bias[slot] + rate * residual[p]
+        key = keep * keys[slot] + rate * hn[p]
+        keys[slot] = key / max(np.float32(np.sqrt(key @ key)), np.float32(NORM_EPS))
+        counts[slot] += 1
+
+
+def support_residual(logp: np.ndarray, logq: np.ndarray, support: np.ndarray) -> np.ndarray:
+    """numpy twin of `reference.support_residual`: [P, V] log-probs, [P, m] ids -> [P, m]."""
+    lp = np.take_along_axis(logp, support, axis=1)
+    lq = np.take_along_axis(logq, support, axis=1)
+    r = (lp - _logsumexp(lp)) - (lq - _logsumexp(lq))
+    return np.clip(r, -RESIDUAL_CLIP, RESIDUAL_CLIP).astype(np.float32, copy=False)
+
+
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    top = x.max(axis=1, keepdims=True)
+    top = np.where(np.isfinite(top), top, np.float32(0.0))
+    return np.log(np.exp(x - top).sum(axis=1, keepdims=True)) + top

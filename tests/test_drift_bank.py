@@ -12,10 +12,16 @@ from drift_kernels import Neighbours, reference
 from tests.drift_books import make_books
 
 
-def bank(n=4, d=2, m=2, v=4, **kw) -> DriftBank:
+@pytest.fixture(params=["reference", "cpu"])
+def backend(request):
+    """Every bank test runs on the PyTorch path and on the numpy CPU path."""
+    return request.param
+
+
+def bank(n=4, d=2, m=2, v=4, backend="reference", **kw) -> DriftBank:
     cfg = DriftConfig(bank_size=n, support=m, **kw)
     with torch.inference_mode():
-        return DriftBank(cfg, d, v, books=make_books(n), backend="reference")
+        return DriftBank(cfg, d, v, books=make_books(n), backend=backend)
 
 
 def logs(*rows):
@@ -23,8 +29,8 @@ def logs(*rows):
 
 
 @torch.inference_mode()
-def test_allocation_then_update_by_hand():
-    b = bank(eta=0.1, tau=0.5, adaptive_rate=True)
+def test_allocation_then_update_by_hand(backend):
+    b = bank(eta=0.1, tau=0.5, adaptive_rate=True, backend=backend)
     p = logs([0.1, 0.6, 0.2, 0.1])
     q = logs([0.5, 0.2, 0.2, 0.1])
     h = torch.tensor([[3.0, 4.0]])
@@ -55,8 +61,8 @@ def test_allocation_then_update_by_hand():
 
 
 @torch.inference_mode()
-def test_support_refresh_replaces_the_smallest_bias():
-    b = bank(eta=0.5, tau=0.0, adaptive_rate=False)
+def test_support_refresh_replaces_the_smallest_bias(backend):
+    b = bank(eta=0.5, tau=0.0, adaptive_rate=False, backend=backend)
     h = torch.tensor([[1.0, 0.0]])
     b.observe(h, b.retrieve(h), logs([0.4, 0.3, 0.2, 0.1]), logs([0.4, 0.3, 0.2, 0.1]))
     b.bias[0] = torch.tensor([2.0, -0.5])           # S = [0, 1]; |B| smallest at token 1
@@ -84,13 +90,14 @@ def sequential_update(b: DriftBank, h, nb, logp, logq):
 
 
 @torch.inference_mode()
-def test_repeated_slots_in_one_iteration_follow_position_order():
+def test_repeated_slots_in_one_iteration_follow_position_order(backend):
     g = torch.Generator().manual_seed(0)
-    a, c = bank(n=8, d=6, m=3, v=10, tau=-1.0), bank(n=8, d=6, m=3, v=10, tau=-1.0)
+    a, c = bank(n=8, d=6, m=3, v=10, tau=-1.0, backend=backend), bank(n=8, d=6, m=3, v=10, tau=-1.0)
     warm = torch.randn(3, 6, generator=g)
     lp0 = torch.log_softmax(torch.randn(3, 10, generator=g), -1)
+    lq0 = torch.log_softmax(torch.randn(3, 10, generator=g), -1)
     for x in (a, c):
-        x.observe(warm, x.retrieve(warm), lp0, lp0.flip(-1))   # three allocations
+        x.observe(warm, x.retrieve(warm), lp0, lq0)            # three allocations
     slots = torch.tensor([2, 0, 2, 2, 1])
     nb = Neighbours(torch.stack([slots, -torch.ones_like(slots)], 1), torch.full((5, 2), 0.5), torch.ones(5, 2))
     h = torch.randn(5, 6, generator=g)
@@ -109,8 +116,8 @@ def test_occurrence_rounds():
 
 
 @torch.inference_mode()
-def test_full_bank_evicts_the_least_recently_used():
-    b = bank(n=2, d=2, m=2, tau=0.999)
+def test_full_bank_evicts_the_least_recently_used(backend):
+    b = bank(n=2, d=2, m=2, tau=0.999, backend=backend)
     lp = logs([0.4, 0.3, 0.2, 0.1])
     for vec in ([1.0, 0.0], [0.0, 1.0]):
         h = torch.tensor([vec])

@@ -165,3 +165,22 @@ def test_triton_backend_reproduces_the_reference_run():
     assert torch.equal(a.support, b.support) and torch.equal(a.counts, b.counts)
     torch.testing.assert_close(b.keys, a.keys, atol=1e-6, rtol=0)
     torch.testing.assert_close(b.bias, a.bias, atol=1e-5, rtol=0)
+
+
+def test_cpu_path_reproduces_the_reference_run():
+    """The numpy CPU path (the default on the CPU) proposes exactly what the PyTorch reference does."""
+    draft, target = tiny_pair(scale=4.0)
+    s, cfg = stream(n_prompts=3, max_new=20), DecodeConfig(gamma=4, max_new_tokens=20)
+    lm = CausalLM(target, "target")
+    runs = {}
+    for backend in ("reference", "cpu"):
+        m = Recording(draft, CFG, books_factory=make_books, backend=backend)
+        run_stream(lm, m, s, cfg)
+        runs[backend] = m
+    ref, fast = runs["reference"], runs["cpu"]
+    assert fast.banks["default"].view is not None and ref.banks["default"].view is None
+    assert fast.proposals == ref.proposals
+    a, b = ref.banks["default"], fast.banks["default"]
+    assert torch.equal(a.support, b.support) and torch.equal(a.counts, b.counts) and a.n_valid == b.n_valid > 0
+    torch.testing.assert_close(b.keys, a.keys, atol=1e-5, rtol=0)
+    torch.testing.assert_close(b.bias, a.bias, atol=1e-4, rtol=0)
