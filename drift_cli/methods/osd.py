@@ -18,6 +18,7 @@ from typing import Any
 import click
 import torch
 
+from drift_cli.errors import BadInput
 from drift_cli.methods.base import Feedback, MethodContext, ModelDraftPolicy
 from drift_cli.osd.buffer import ReplayBuffer, entries_from_feedback, target_temperature
 from drift_cli.osd.config import OSDConfig
@@ -55,8 +56,6 @@ class OnlineDistillation(ModelDraftPolicy):
 
     @classmethod
     def build(cls, ctx: MethodContext) -> "OnlineDistillation":
-        from drift_cli.errors import BadInput
-
         if ctx.draft is None:
             raise BadInput("method osd needs a draft model")
         return cls(ctx.draft, OSDConfig.from_options(ctx.options), seed=ctx.seed)
