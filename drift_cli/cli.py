@@ -67,6 +67,7 @@ def model_options(fn):
         click.option("--target", type=str, default=None, help="target checkpoint (local Hugging Face dir)"),
         click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:1, or auto"),
         click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16, float16"),
+        click.option("--threads", type=int, default=None, help="torch CPU threads (default 1 on the CPU)"),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -98,7 +99,7 @@ def decode_options(fn):
 @model_options
 @decode_options
 @_method_options
-def bench(scenario, corpus, methods, no_control, zoo, draft, target, device, dtype, split, max_prompts,
+def bench(scenario, corpus, methods, no_control, zoo, draft, target, device, dtype, threads, split, max_prompts,
           max_new_tokens, gamma, temperature, top_p, seed, out, as_json, **method_opts) -> None:
     """Run methods on one prompt stream and compare them."""
     from drift_cli.bench import BenchConfig, run_bench
@@ -107,8 +108,10 @@ def bench(scenario, corpus, methods, no_control, zoo, draft, target, device, dty
 
     if scenario is None and corpus is None:
         scenario = "jargon"
-    cfg = BenchConfig(scenario, corpus, methods, zoo, draft, target, split, max_prompts, max_new_tokens, gamma,
-                      temperature, top_p, seed, device, dtype, out, not no_control, method_opts)
+    cfg = BenchConfig(scenario=scenario, corpus=corpus, methods=methods, zoo=zoo, draft=draft, target=target,
+                      split=split, max_prompts=max_prompts, max_new_tokens=max_new_tokens, gamma=gamma,
+                      temperature=temperature, top_p=top_p, seed=seed, device=device, dtype=dtype, threads=threads,
+                      out=out, control=not no_control, options=method_opts)
     cfg.validate()
     check_writable(out)
     with rich_progress() as progress:

@@ -103,15 +103,34 @@ def per_prompt_tokens_per_s(generations) -> list[float]:
     return [len(g.output_ids) / g.decode_ms * 1e3 if g.decode_ms else 0.0 for g in generations]
 
 
-def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean."""
-    x = np.asarray(values, dtype=float)
-    if len(x) == 0:
+def _bootstrap(n: int, statistic, n_boot: int, seed: int, level: float) -> tuple[float, float]:
+    """Percentile bootstrap over n units (prompts): statistic(idx [n_boot, n]) -> [n_boot]."""
+    if n == 0:
         return (math.nan, math.nan)
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    lo, hi = np.quantile(statistic(idx), [(1 - level) / 2, 1 - (1 - level) / 2])
     return float(lo), float(hi)
+
+
+def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean, resampling prompts."""
+    x = np.asarray(values, dtype=float)
+    return _bootstrap(len(x), lambda idx: x[idx].mean(axis=1), n_boot, seed, level)
+
+
+def bootstrap_ratio_ci(num: Sequence[float], den: Sequence[float], n_boot: int = 2000, seed: int = 0,
+                       level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of a pooled ratio sum(num) / sum(den) (e.g. acceptance: accepted over
+    drafted per prompt), resampling prompts."""
+    a, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    return _bootstrap(len(a), lambda idx: a[idx].sum(axis=1) / d[idx].sum(axis=1), n_boot, seed, level)
+
+
+def acceptance_ci(generations) -> tuple[float, float] | None:
+    """Bootstrap 95% CI of acceptance_rate over prompts (prompts that drafted nothing carry no weight)."""
+    acc = [sum(s.accepted for s in g.steps) for g in generations]
+    dr = [sum(s.drafted for s in g.steps) for g in generations]
+    return bootstrap_ratio_ci(acc, dr) if sum(dr) else None
 
 
 def paired_speedup(generations, ar_generations) -> dict | None:
@@ -227,6 +246,7 @@ def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True) -> dict:
     c = cost_ratio(steps, ar_steps)
     out = {
         "acceptance_rate": alpha,
+        "acceptance_ci95": acceptance_ci(run.generations),
         "acceptance_by_position": acceptance_by_position(steps, gamma),
         "accept_length_histogram": accept_length_histogram(steps, gamma),
         "mean_accepted_length": mean_accepted_length(steps),

@@ -20,7 +20,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 
 from drift_cli import metrics
 from drift_cli.bench import BenchConfig, Models, check_preset, load_models, load_stream, resolve_scenario, run_methods
@@ -107,19 +106,6 @@ def per_prompt_counts(run) -> tuple[list[int], list[int]]:
     return [a for a, _ in pairs], [d for _, d in pairs]
 
 
-def bootstrap_pooled_ci(accepted: list[int], drafted: list[int], n_boot: int = 2000, seed: int = 0,
-                        level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap CI of the pooled acceptance sum(accepted) / sum(drafted), resampling
-    prompts (the same resampling as `metrics.bootstrap_ci`, for a ratio instead of a mean)."""
-    a, d = np.asarray(accepted, dtype=float), np.asarray(drafted, dtype=float)
-    if len(a) == 0:
-        return (math.nan, math.nan)
-    idx = np.random.default_rng(seed).integers(0, len(a), size=(n_boot, len(a)))   # [n_boot, prompts]
-    ratios = a[idx].sum(axis=1) / d[idx].sum(axis=1)
-    lo, hi = np.quantile(ratios, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
-
-
 def method_acceptance(run) -> dict[str, Any]:
     """Pooled acceptance (the gated number, `metrics.acceptance_rate`) with a bootstrap 95% CI
     over prompts, and the per-prompt values."""
@@ -127,7 +113,7 @@ def method_acceptance(run) -> dict[str, Any]:
     steps = run.steps
     return {
         "acceptance_rate": metrics.acceptance_rate(steps),
-        "acceptance_ci95": list(bootstrap_pooled_ci(accepted, drafted)),
+        "acceptance_ci95": list(metrics.bootstrap_ratio_ci(accepted, drafted)),
         "per_prompt_accepted": accepted,
         "per_prompt_drafted": drafted,
         "mean_accepted_length": metrics.mean_accepted_length(steps),

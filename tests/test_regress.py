@@ -17,8 +17,9 @@ import torch
 
 from drift_cli.cli import main
 from drift_cli.errors import BadInput
+from drift_cli.metrics import bootstrap_ratio_ci
 from drift_cli.scenarios import forget_loaded
-from drift_cli.regress import (BASELINE_VERSION, DEFAULT_TOLERANCE, RegressConfig, Verdict, bootstrap_pooled_ci,
+from drift_cli.regress import (BASELINE_VERSION, DEFAULT_TOLERANCE, RegressConfig, Verdict,
                                config_from_baseline, load_baseline)
 from tests.models import save_checkpoint, tiny_llama, tiny_tokenizer
 
@@ -231,10 +232,10 @@ def test_verdict_at_the_tolerance_passes():
 
 def test_pooled_ci_brackets_the_pooled_rate():
     accepted, drafted = [1, 9, 30, 2], [40, 12, 36, 40]
-    lo, hi = bootstrap_pooled_ci(accepted, drafted)
+    lo, hi = bootstrap_ratio_ci(accepted, drafted)
     pooled = sum(accepted) / sum(drafted)
     assert lo < pooled < hi
-    assert bootstrap_pooled_ci([5, 5], [10, 10]) == (0.5, 0.5)
+    assert bootstrap_ratio_ci([5, 5], [10, 10]) == (0.5, 0.5)
     with pytest.raises(BadInput):
         config_from_baseline({"stream": {}, "decode": {}, "pair": {"zoo": "micro"}, "methods": {"vanilla": {}}})
 

@@ -207,7 +207,7 @@ def _drift_options(fn):
 @model_options
 @decode_options
 @_drift_options
-def ablate(axis, values, scenario, corpus, zoo, draft, target, device, dtype, split, max_prompts, max_new_tokens, gamma,
+def ablate(axis, values, scenario, corpus, zoo, draft, target, device, dtype, threads, split, max_prompts, max_new_tokens, gamma,
            temperature, top_p, seed, out, as_json, **drift_opts) -> None:
     """Sweep one DRIFT knob on one stream (ar and vanilla run once as references)."""
     from drift_cli.bench import BenchConfig
@@ -216,8 +216,10 @@ def ablate(axis, values, scenario, corpus, zoo, draft, target, device, dtype, sp
     _, parsed = sweep_values(axis, values)
     if scenario is None and corpus is None:
         scenario = "jargon"
-    cfg = BenchConfig(scenario, corpus, "ar,vanilla", zoo, draft, target, split, max_prompts, max_new_tokens, gamma,
-                      temperature, top_p, seed, device, dtype, out, False, drift_opts)
+    cfg = BenchConfig(scenario=scenario, corpus=corpus, methods="ar,vanilla", zoo=zoo, draft=draft, target=target,
+                      split=split, max_prompts=max_prompts, max_new_tokens=max_new_tokens, gamma=gamma,
+                      temperature=temperature, top_p=top_p, seed=seed, device=device, dtype=dtype, threads=threads,
+                      out=out, control=False, options=drift_opts)
     cfg.validate()
     check_writable(out)
     with rich_progress() as progress:

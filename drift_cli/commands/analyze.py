@@ -216,7 +216,7 @@ def _drift_options(fn):
 @model_options
 @decode_options
 @_drift_options
-def residuals(scenario, corpus, max_residuals, with_drift, zoo, draft, target, device, dtype, split, max_prompts,
+def residuals(scenario, corpus, max_residuals, with_drift, zoo, draft, target, device, dtype, threads, split, max_prompts,
               max_new_tokens, gamma, temperature, top_p, seed, out, as_json, **drift_opts) -> None:
     """SVD spectrum of draft-target residuals at rejected positions; acceptance by target entropy."""
     from drift_cli.bench import BenchConfig
@@ -226,8 +226,10 @@ def residuals(scenario, corpus, max_residuals, with_drift, zoo, draft, target, d
         raise BadInput(f"--max-residuals must be at least 2 (got {max_residuals})")
     if scenario is None and corpus is None:
         scenario = "jargon"
-    cfg = BenchConfig(scenario, corpus, "vanilla", zoo, draft, target, split, max_prompts, max_new_tokens, gamma,
-                      temperature, top_p, seed, device, dtype, out, False, drift_opts)
+    cfg = BenchConfig(scenario=scenario, corpus=corpus, methods="vanilla", zoo=zoo, draft=draft, target=target,
+                      split=split, max_prompts=max_prompts, max_new_tokens=max_new_tokens, gamma=gamma,
+                      temperature=temperature, top_p=top_p, seed=seed, device=device, dtype=dtype, threads=threads,
+                      out=out, control=False, options=drift_opts)
     cfg.validate()
     check_writable(out)
     with rich_progress() as progress:
