@@ -167,3 +167,17 @@ def test_cli_options_parse_and_reject_bad_values():
     for args in (["--suffix-max-depth", "0"], ["--suffix-max-spec-factor", "0"], ["--suffix-min-token-prob", "2"]):
         bad = runner.invoke(cmd, args)
         assert bad.exit_code == 2 and "Invalid value" in bad.output, (args, bad.output)
+
+
+def test_state_never_crosses_streams():
+    """begin_stream forgets earlier outputs: the same stream run twice drafts identically."""
+    _, target = tiny_pair(scale=8.0)
+    lm = CausalLM(target, "target")
+    stream = _stream(PROMPTS, max_new=20)
+    policy = SuffixDecoding()
+    first = run_stream(lm, policy, stream, DecodeConfig(gamma=4, max_new_tokens=20))
+    second = run_stream(lm, policy, stream, DecodeConfig(gamma=4, max_new_tokens=20))
+    fresh = run_stream(lm, SuffixDecoding(), stream, DecodeConfig(gamma=4, max_new_tokens=20))
+    key = lambda run: [(s.drafted, s.accepted) for s in run.steps]  # noqa: E731
+    assert key(first) == key(second) == key(fresh)
+    assert first.report == second.report
