@@ -152,3 +152,18 @@ def test_config_round_trips_through_json_and_options():
     cfg = DriftConfig(gain=0.3, support=0, adaptive_rate=False)
     assert DriftConfig.from_json(cfg.to_json()) == cfg
     assert DriftConfig.from_options({"gain": 0.3, "support": 0, "adaptive_rate": False, "eta": None}) == cfg
+
+
+@torch.inference_mode()
+def test_unnormalised_log_probabilities_give_the_same_bank(backend):
+    g = torch.Generator().manual_seed(4)
+    a, c = bank(n=8, d=6, m=3, v=10, tau=0.2, backend=backend), bank(n=8, d=6, m=3, v=10, tau=0.2, backend=backend)
+    for _ in range(4):
+        h = torch.randn(3, 6, generator=g)
+        zp, zq = torch.randn(3, 10, generator=g) * 3, torch.randn(3, 10, generator=g) * 3
+        shift = torch.randn(3, 1, generator=g) * 50                 # logits: any per-row constant
+        a.observe(h, a.retrieve(h), torch.log_softmax(zp, -1), torch.log_softmax(zq, -1))
+        c.observe(h, c.retrieve(h), zp + shift, zq - shift)
+    assert a.n_valid == c.n_valid > 0 and torch.equal(a.support, c.support)
+    torch.testing.assert_close(a.bias, c.bias, atol=1e-4, rtol=0)
+    torch.testing.assert_close(a.keys, c.keys, atol=1e-6, rtol=0)

@@ -87,7 +87,9 @@ class DriftBank:
         """One iteration's update, drafted positions in order.
 
         h [P, d] draft hidden states; nb the draft step's retrieval ([P, k]); logp, logq [P, V]
-        the target's and the draft's unbiased log-probabilities at those positions.
+        the target's and the draft's unbiased log-probabilities at those positions, normalised
+        or not (logits / T will do): an update renormalises over the support anyway, so rows are
+        normalised over V only where the vocabulary matters (allocation, full support).
         """
         stats = ObserveStats()
         if h.shape[0] == 0:
@@ -124,7 +126,7 @@ class DriftBank:
         lp, lq = logp[p_idx], logq[p_idx]                                      # [R, V]
         refreshed = 0
         if self.support is None:
-            residual = (lp - lq).clamp(-reference.RESIDUAL_CLIP, reference.RESIDUAL_CLIP)
+            residual = (_normalised(lp) - _normalised(lq)).clamp(-reference.RESIDUAL_CLIP, reference.RESIDUAL_CLIP)
         else:
             sup, bias = self.support[s_idx], self.bias[s_idx]                  # [R, m]
             top = lp.argmax(dim=1, keepdim=True)                               # [R, 1] target's top token
@@ -144,7 +146,7 @@ class DriftBank:
         pos, slots, evicted = self._new_slots(pos)
         dev = self.keys.device
         p_idx, s_idx = torch.tensor(pos, device=dev), torch.tensor(slots, device=dev)
-        lp, lq = logp[p_idx], logq[p_idx]
+        lp, lq = _normalised(logp[p_idx]), _normalised(logq[p_idx])
         self.keys[s_idx] = reference.unit_rows(h[p_idx]).to(self.keys.dtype)
         if self.support is None:
             self.bias[s_idx] = (lp - lq).clamp(-reference.RESIDUAL_CLIP, reference.RESIDUAL_CLIP)
@@ -182,6 +184,7 @@ class DriftBank:
         refreshed = 0
         bias = self.view.bias
         if self.view.support is None:
+            lp, lq = lp - kernels_cpu._logsumexp(lp), lq - kernels_cpu._logsumexp(lq)
             residual = np.clip(lp - lq, -reference.RESIDUAL_CLIP, reference.RESIDUAL_CLIP)
         else:
             sup, b = self.view.support[slots], bias[slots]                      # copies [R, m]
@@ -201,6 +204,7 @@ class DriftBank:
     def _allocate_np(self, pos: list[int], h, logp, logq) -> int:
         pos, slots, evicted = self._new_slots(pos)
         lp, lq, hs = logp[pos], logq[pos], h[pos]
+        lp, lq = lp - kernels_cpu._logsumexp(lp), lq - kernels_cpu._logsumexp(lq)   # normalised over V
         self.view.keys[slots] = hs / np.maximum(np.linalg.norm(hs, axis=1, keepdims=True), reference.NORM_EPS)
         if self.view.support is None:
             self.view.bias[slots] = np.clip(lp - lq, -reference.RESIDUAL_CLIP, reference.RESIDUAL_CLIP)
@@ -227,6 +231,11 @@ class DriftBank:
         out.update({"valid": self.n_valid, "updates": self.totals.updated, "allocations_seen": self.totals.allocated,
                     "support_refreshes": self.totals.refreshed, "memory_bytes": self.memory_bytes()})
         return out
+
+
+def _normalised(logits: torch.Tensor) -> torch.Tensor:
+    """[R, V] unnormalised log-probabilities -> log-probabilities."""
+    return logits - torch.logsumexp(logits, dim=1, keepdim=True)
 
 
 def occurrence_rounds(slots: list[int]) -> list[list[int]]:

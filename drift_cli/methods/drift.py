@@ -123,8 +123,9 @@ class DriftMethod(ModelDraftPolicy):
         b = prop.tokens.shape[0]
         temp = 1.0 if feedback.sampler.greedy else feedback.sampler.temperature
         v = prop.base_logits.shape[-1]
-        logp = torch.log_softmax(feedback.target_logits[:, :k].float() / temp, dim=-1).reshape(b * k, v)
-        logq = torch.log_softmax(prop.base_logits.float() / temp, dim=-1).reshape(b * k, v)
+        # unnormalised log p, log q at temperature `temp`: the bank normalises only where it must
+        logp = (feedback.target_logits[:, :k].float() / temp).reshape(b * k, v)
+        logq = (prop.base_logits.float() / temp).reshape(b * k, v)
         hidden = prop.hidden.reshape(b * k, -1)
         self.bank.observe(hidden, self._neighbours(b, k), logp, logq)
 
