@@ -83,8 +83,9 @@ def run_ablation(cfg, axis: str, values: list, progress=None) -> tuple[dict, lis
 
     ax = AXES[axis]
     cfg.validate()
+    bench.resolve_scenario(cfg)                      # a bad name fails before any model loads
     models = bench.load_models(cfg, progress)
-    stream = bench.load_stream(cfg, models.pair.tokenizer)
+    stream = bench.load_stream(cfg, models.pair.tokenizer, bench.resolve_scenario(cfg))
     base, _ = bench.run_methods(["ar", "vanilla"], models, stream, cfg, progress)
     runs = dict(base)
     skipped: dict[str, str] = {}
@@ -192,6 +193,23 @@ def _f(x, fmt: str = "{:.3f}") -> str:
     return "–" if x is None else fmt.format(x)
 
 
+def bench_config(scenario, corpus, methods: str, opts: dict):
+    """A BenchConfig from a command's keyword options: BenchConfig's fields by name, the rest
+    (DRIFT's flags) as method options. Validated."""
+    from dataclasses import fields
+
+    from drift_cli.bench import BenchConfig
+
+    names = {f.name for f in fields(BenchConfig)}
+    given = {k: v for k, v in opts.items() if k in names}
+    method_opts = {k: v for k, v in opts.items() if k not in names}
+    if scenario is None and corpus is None:
+        scenario = "jargon"
+    cfg = BenchConfig(scenario=scenario, corpus=corpus, methods=methods, control=False, options=method_opts, **given)
+    cfg.validate()
+    return cfg
+
+
 def _drift_options(fn):
     for opt in reversed(DriftMethod.cli_options):
         if opt.name != "bank_out":
@@ -207,24 +225,16 @@ def _drift_options(fn):
 @model_options
 @decode_options
 @_drift_options
-def ablate(axis, values, scenario, corpus, zoo, draft, target, device, dtype, threads, split, max_prompts, max_new_tokens, gamma,
-           temperature, top_p, seed, out, as_json, **drift_opts) -> None:
+def ablate(axis, values, scenario, corpus, as_json, **opts) -> None:
     """Sweep one DRIFT knob on one stream (ar and vanilla run once as references)."""
-    from drift_cli.bench import BenchConfig
     from drift_cli.results import check_writable, write_run
 
     _, parsed = sweep_values(axis, values)
-    if scenario is None and corpus is None:
-        scenario = "jargon"
-    cfg = BenchConfig(scenario=scenario, corpus=corpus, methods="ar,vanilla", zoo=zoo, draft=draft, target=target,
-                      split=split, max_prompts=max_prompts, max_new_tokens=max_new_tokens, gamma=gamma,
-                      temperature=temperature, top_p=top_p, seed=seed, device=device, dtype=dtype, threads=threads,
-                      out=out, control=False, options=drift_opts)
-    cfg.validate()
-    check_writable(out)
+    cfg = bench_config(scenario, corpus, "ar,vanilla", opts)
+    check_writable(cfg.out)
     with rich_progress() as progress:
         run, steps = run_ablation(cfg, axis, parsed, ProgressCallback(progress))
-    path = write_run(out, run, steps)
+    path = write_run(cfg.out, run, steps)
     plot_ablation(run, path / f"ablation-{axis}.png")
     if as_json:
         emit(run, True)

@@ -79,8 +79,9 @@ def run_analysis(cfg, limit: int, with_drift: bool, progress=None) -> tuple[dict
     from drift_cli.results import SCHEMA_VERSION, environment, new_run_id
 
     cfg.validate()
+    bench.resolve_scenario(cfg)                      # a bad name fails before any model loads
     models = bench.load_models(cfg, progress)
-    stream = bench.load_stream(cfg, models.pair.tokenizer)
+    stream = bench.load_stream(cfg, models.pair.tokenizer, bench.resolve_scenario(cfg))
     target = CausalLM(models.pair.target, "target")
     dcfg = bench.decode_config(cfg, stream, models.pair.eos_id)
     probe = ResidualProbe(models.pair.draft, limit)
@@ -216,25 +217,18 @@ def _drift_options(fn):
 @model_options
 @decode_options
 @_drift_options
-def residuals(scenario, corpus, max_residuals, with_drift, zoo, draft, target, device, dtype, threads, split, max_prompts,
-              max_new_tokens, gamma, temperature, top_p, seed, out, as_json, **drift_opts) -> None:
+def residuals(scenario, corpus, max_residuals, with_drift, as_json, **opts) -> None:
     """SVD spectrum of draft-target residuals at rejected positions; acceptance by target entropy."""
-    from drift_cli.bench import BenchConfig
+    from drift_cli.commands.ablate import bench_config
     from drift_cli.results import check_writable, write_run
 
     if max_residuals < 2:
         raise BadInput(f"--max-residuals must be at least 2 (got {max_residuals})")
-    if scenario is None and corpus is None:
-        scenario = "jargon"
-    cfg = BenchConfig(scenario=scenario, corpus=corpus, methods="vanilla", zoo=zoo, draft=draft, target=target,
-                      split=split, max_prompts=max_prompts, max_new_tokens=max_new_tokens, gamma=gamma,
-                      temperature=temperature, top_p=top_p, seed=seed, device=device, dtype=dtype, threads=threads,
-                      out=out, control=False, options=drift_opts)
-    cfg.validate()
-    check_writable(out)
+    cfg = bench_config(scenario, corpus, "vanilla", opts)
+    check_writable(cfg.out)
     with rich_progress() as progress:
         run, steps = run_analysis(cfg, max_residuals, with_drift, ProgressCallback(progress))
-    path = write_run(out, run, steps, plots=False)
+    path = write_run(cfg.out, run, steps, plots=False)
     plot_analysis(run, path)
     if as_json:
         emit(run, True)
