@@ -124,8 +124,10 @@ class DriftMethod(ModelDraftPolicy):
         temp = 1.0 if feedback.sampler.greedy else feedback.sampler.temperature
         v = prop.base_logits.shape[-1]
         # unnormalised log p, log q at temperature `temp`: the bank normalises only where it must
-        logp = (feedback.target_logits[:, :k].float() / temp).reshape(b * k, v)
-        logq = (prop.base_logits.float() / temp).reshape(b * k, v)
+        logp = feedback.target_logits[:, :k].float().reshape(b * k, v)
+        logq = prop.base_logits.float().reshape(b * k, v)
+        if temp != 1.0:
+            logp, logq = logp / temp, logq / temp
         hidden = prop.hidden.reshape(b * k, -1)
         self.bank.observe(hidden, self._neighbours(b, k), logp, logq)
 
