@@ -1,6 +1,7 @@
 """The DRIFT configuration: every knob of DESIGN.md "DRIFT, precisely" as one dataclass.
 
-Defaults are frozen here after tuning on dev streams only (see docs/drift.md for the record).
+Defaults are frozen here after tuning on dev streams only (jargon and code dev splits of the
+small zoo; the record is in docs/drift.md). Never tune them on test streams.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ KEYS = ("draft", "target-est")
 
 @dataclass(frozen=True)
 class DriftConfig:
-    gain: float = 0.6            # λ: scale of the bias added to the draft logits
+    gain: float = 1.0            # λ: scale of the bias added to the draft logits
     eta: float = 0.1             # η: EMA rate (the floor of the adaptive rate)
-    tau: float = 0.9             # τ: cosine similarity needed to update a prototype (else allocate)
+    tau: float = 0.95            # τ: cosine similarity needed to update a prototype (else allocate)
     neighbors: int = 4           # k: prototypes retrieved per draft position
     sigma: float = 0.25          # σ: width of the Gaussian kernel over cosine distance
     bank_size: int = 4096        # N: prototypes per tenant bank
