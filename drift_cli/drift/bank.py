@@ -94,8 +94,9 @@ class DriftBank:
         stats = ObserveStats()
         if h.shape[0] == 0:
             return stats
-        idx, sim, w = (t.tolist() for t in (nb.idx[:, 0], nb.sim[:, 0], nb.weight))  # one host read
-        near = nb.idx.tolist()
+        near, sims, w = (t.cpu().numpy() for t in (nb.idx, nb.sim, nb.weight))  # the one host read
+        idx, sim = near[:, 0].tolist(), sims[:, 0].tolist()
+        w, near = w.tolist(), near.tolist()
         matched = [p for p in range(len(idx)) if idx[p] >= 0 and sim[p] >= self.cfg.tau]
         fresh = [p for p in range(len(idx)) if p not in set(matched)]
         used = [s for p in range(len(idx)) for s, wt in zip(near[p], w[p]) if s >= 0 and wt > USED_WEIGHT]

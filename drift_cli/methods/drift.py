@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
+import numpy as np
 import torch
 
 from drift_cli.drift.bank import DriftBank
@@ -135,7 +136,11 @@ class DriftMethod(ModelDraftPolicy):
         """The draft step's retrievals for the k drafted positions, as [B·k, neighbours] (batch-major)."""
         kn, dev = self.cfg.neighbors, self.device
         steps = [nb if nb is not None else _no_neighbours(b, kn, dev) for nb in self._pending[:k]]
-        stack = lambda name: torch.stack([getattr(nb, name) for nb in steps], 1).reshape(b * k, kn)  # noqa: E731
+        if dev.type == "cpu":   # numpy stacking: a few µs instead of three torch calls
+            stack = lambda name: torch.from_numpy(  # noqa: E731
+                np.stack([getattr(nb, name).numpy() for nb in steps], 1).reshape(b * k, kn))
+        else:
+            stack = lambda name: torch.stack([getattr(nb, name) for nb in steps], 1).reshape(b * k, kn)  # noqa: E731
         return Neighbours(stack("idx"), stack("sim"), stack("weight"))
 
     # -- figures -------------------------------------------------------------------------------
