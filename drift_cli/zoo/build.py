@@ -196,16 +196,22 @@ def _pair(preset: ZooPreset, root: Path) -> ZooPair:
     return ZooPair(preset.name, root, root / "tokenizer", root / "target", root / "draft")
 
 
+def _is_built(root: Path, root_hash: str) -> bool:
+    manifest = cache.read_json(root / "manifest.json")
+    return manifest is not None and manifest.get("hash") == root_hash
+
+
 def ensure_zoo(preset: str = "small", progress: Progress | None = None) -> ZooPair:
     """The zoo for `preset`, built (or completed) if missing; a no-op when the recipe is unchanged."""
     p = get_preset(preset)
     target_docs, draft_docs = _training_documents()
     recipes = base_recipes(p, cache.documents_hash(target_docs), cache.documents_hash(draft_docs))
     root, root_hash = root_for(p, recipes)
-    manifest = cache.read_json(root / "manifest.json")
-    if manifest is not None and manifest.get("hash") == root_hash:
+    if _is_built(root, root_hash):
         return _pair(p, root)
     with cache.build_lock(p.name), cpu_threads():
+        if _is_built(root, root_hash):          # another process finished it while we waited
+            return _pair(p, root)
         start = time.perf_counter()
         _ensure_component(p, root, "tokenizer", recipes["tokenizer"],
                           lambda out: _build_tokenizer(p, target_docs, out, progress))
