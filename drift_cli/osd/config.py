@@ -25,10 +25,11 @@ OPTION_FIELDS = {
 
 @dataclass(frozen=True)
 class OSDConfig:
-    interval: float = 8.0        # U: an update after every U verification steps; inf = never (frozen draft)
-    steps: int = 2               # AdamW steps per update
+    # Defaults tuned on the `small` zoo's dev streams of jargon and code (docs/osd.md, "Tuning").
+    interval: float = 4.0        # U: an update after every U verification steps; inf = never (frozen draft)
+    steps: int = 4               # AdamW steps per update
     batch: int = 16              # buffered positions per AdamW step (fewer while the buffer is smaller)
-    lr: float = 3e-4             # AdamW learning rate (constant)
+    lr: float = 1e-3             # AdamW learning rate (constant)
     clip: float = 1.0            # max global gradient norm; 0 = no clipping
     buffer: int = 512            # replay buffer capacity in positions (FIFO)
     topk: int = 64               # target support stored per position; 0 (or >= V) = the full distribution
