@@ -166,6 +166,7 @@ def plot_ablation(run: dict, path: Path) -> None:
     plt.close(fig)
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
+    os.chmod(tmp, 0o644)                       # mkstemp makes 0600; plots are ordinary files
     os.replace(tmp, path)
 
 
