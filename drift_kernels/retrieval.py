@@ -5,6 +5,8 @@
    d=2048 fp16), computes (h·K)/|h| for the tile and keeps the tile's k best per query.
    Only [Q, tiles·k] candidates leave the kernel, never the [Q, N] similarity matrix.
 2. `_merge_kernel`, grid (Q,): the k best of the candidates, and the Gaussian weights.
+Loop bounds (d) are constexprs: one compilation per hidden size, and the Triton 3.6 interpreter
+under numpy >= 2.4 cannot iterate `range` over a runtime scalar.
 Ties go to the lower slot id, as in `reference.retrieve`: within a tile `tl.argmax` returns the
 first maximum, and candidates are laid out in slot order (tile, then rank).
 """
@@ -20,7 +22,7 @@ from drift_kernels.reference import NORM_EPS, Neighbours
 
 @triton.jit
 def _tile_topk_kernel(h_ptr, keys_ptr, valid_ptr, cand_sim_ptr, cand_idx_ptr,
-                      Q, N, D, stride_h, stride_k, n_cand,
+                      Q, N, stride_h, stride_k, n_cand, D: tl.constexpr,
                       K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr):
     tile = tl.program_id(0).to(tl.int64)
@@ -92,8 +94,8 @@ def retrieve(h: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, k: int, s
     cand_sim = torch.empty((q, n_cand), dtype=torch.float32, device=dev)
     cand_idx = torch.empty((q, n_cand), dtype=torch.int64, device=dev)
     _tile_topk_kernel[(tiles, triton.cdiv(q, block_q))](
-        h, keys, valid.to(torch.int8), cand_sim, cand_idx, q, n, d, h.stride(0), keys.stride(0),
-        n_cand, K=k, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d)
+        h, keys, valid.to(torch.int8), cand_sim, cand_idx, q, n, h.stride(0), keys.stride(0),
+        n_cand, D=d, K=k, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d)
     _merge_kernel[(q,)](cand_sim, cand_idx, idx, sim, w, n_cand, 1.0 / (2.0 * sigma * sigma),
                         K=k, BLOCK_C=triton.next_power_of_2(n_cand))
     return Neighbours(idx, sim, w)

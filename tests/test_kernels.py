@@ -5,6 +5,8 @@ number of valid slots, empty banks). One tolerance table per key dtype; the fp32
 compared bit for bit.
 """
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,33 @@ import drift_kernels
 from drift_kernels import reference
 
 triton = pytest.importorskip("triton")
+
+# The Triton kernels run on CUDA tensors on a GPU (run these tests there with TRITON_INTERPRET=0)
+# and on CPU tensors in the interpreter; inputs move to that device and results come back.
+KERNEL_DEVICE = torch.device("cuda") if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" \
+    else torch.device("cpu")
+
+
+def _to(x, dev):
+    if isinstance(x, torch.Tensor):
+        return x.to(dev)
+    if isinstance(x, reference.Neighbours):
+        return reference.Neighbours(x.idx.to(dev), x.sim.to(dev), x.weight.to(dev))
+    return x
+
+
+def run_op(op, *args, backend, **kw):
+    """drift_kernels.<op>(*args, backend=...) with the triton backend on KERNEL_DEVICE."""
+    fn = getattr(drift_kernels, op)
+    if backend != "triton" or KERNEL_DEVICE.type == "cpu":
+        return fn(*args, backend=backend, **kw)
+    moved = [_to(a, KERNEL_DEVICE) for a in args]
+    out = fn(*moved, backend=backend, **kw)
+    if op == "update":                       # in place: copy keys, bias, counts back
+        for dst, src in zip(args[:3], moved[:3]):
+            dst.copy_(src.cpu())
+    return _to(out, torch.device("cpu"))
+
 
 # dtype -> (similarity / weight atol, stored-key atol after an update)
 TOL = {
@@ -34,7 +63,7 @@ def make_bank(n, d, dtype, seed=0, valid_share=1.0):
 def test_retrieval_matches_reference(dtype, n, d, q, k):
     keys, valid, g = make_bank(n, d, dtype, seed=n, valid_share=0.7)
     h = torch.randn(q, d, generator=g) * 3.0
-    got = drift_kernels.retrieve(h, keys, valid, k, sigma=0.5, backend="triton")
+    got = run_op("retrieve", h, keys, valid, k, sigma=0.5, backend="triton")
     want = reference.retrieve(h, keys, valid, k, sigma=0.5)
     assert torch.equal(got.idx, want.idx)
     assert torch.equal(torch.isinf(got.sim), torch.isinf(want.sim))
@@ -51,7 +80,7 @@ def test_retrieval_k_above_valid_count_pads_with_minus_one():
     valid[[2, 7]] = True
     h = torch.randn(2, 16, generator=g)
     for backend in ("triton", "reference"):
-        nb = drift_kernels.retrieve(h, keys, valid, 4, sigma=0.5, backend=backend)
+        nb = run_op("retrieve", h, keys, valid, 4, sigma=0.5, backend=backend)
         assert sorted(nb.idx[0, :2].tolist()) == [2, 7]
         assert nb.idx[:, 2:].tolist() == [[-1, -1], [-1, -1]]
         assert nb.weight[:, 2:].abs().sum().item() == 0.0
@@ -62,23 +91,26 @@ def test_retrieval_empty_bank(backend):
     h = torch.randn(3, 16)
     for keys, valid in [(torch.empty(0, 16), torch.empty(0, dtype=torch.bool)),
                         (torch.randn(5, 16), torch.zeros(5, dtype=torch.bool))]:
-        nb = drift_kernels.retrieve(h, keys, valid, 4, sigma=0.5, backend=backend)
+        nb = run_op("retrieve", h, keys, valid, 4, sigma=0.5, backend=backend)
         assert nb.idx.tolist() == [[-1] * 4] * 3
         assert nb.weight.abs().sum().item() == 0.0
 
 
 def test_retrieval_ties_go_to_the_lower_slot():
-    key = reference.unit_rows(torch.randn(1, 16))
-    keys = key.repeat(70, 1)                      # 70 identical keys across two tiles
+    # 70 identical one-hot keys across two tiles: every similarity is exactly 1 in any summation
+    # order (a random key would tie only up to the BLAS's rounding, which differs by lane)
+    key = torch.zeros(1, 16)
+    key[0, 3] = 1.0
+    keys = key.repeat(70, 1)
     valid = torch.ones(70, dtype=torch.bool)
-    for backend in ("triton", "reference"):
-        nb = drift_kernels.retrieve(key * 2, keys, valid, 4, sigma=0.5, backend=backend)
+    for backend in ("triton", "reference", "cpu"):
+        nb = run_op("retrieve", key * 2, keys, valid, 4, sigma=0.5, backend=backend)
         assert nb.idx.tolist() == [[0, 1, 2, 3]]
 
 
 def test_retrieval_exact_key_has_weight_one():
     keys, valid, _ = make_bank(30, 24, torch.float32)
-    nb = drift_kernels.retrieve(keys[[11]] * 5.0, keys, valid, 2, sigma=0.3, backend="triton")
+    nb = run_op("retrieve", keys[[11]] * 5.0, keys, valid, 2, sigma=0.3, backend="triton")
     assert nb.idx[0, 0].item() == 11
     assert abs(nb.weight[0, 0].item() - 1.0) < 1e-6
 
@@ -101,7 +133,7 @@ def make_bias_case(q, n, m, v, k, seed):
 def test_sparse_bias_add_is_bit_exact(q, n, m, v, k):
     z, nb, support, bias = make_bias_case(q, n, m, v, k, seed=q * 1000 + n)
     before = z.clone()
-    got = drift_kernels.bias_add(z, nb, support, bias, gain=0.6, backend="triton")
+    got = run_op("bias_add", z, nb, support, bias, gain=0.6, backend="triton")
     want = reference.bias_add(z, nb, support, bias, gain=0.6)
     assert torch.equal(got, want)
     assert torch.equal(z, before)                 # the input logits are not modified
@@ -122,7 +154,7 @@ def test_bias_add_by_hand():
     # β = (1·[0,1,2,0,0,0] + 0.5·[0,0,4,0,-8,0]) / max(1, 1.5) ; λ = 0.75
     want = torch.tensor([[0.0, 0.5, 2.0, 0.0, -2.0, 0.0]])
     for backend in ("triton", "reference"):
-        assert torch.equal(drift_kernels.bias_add(z, nb, support, bias, 0.75, backend=backend), want)
+        assert torch.equal(run_op("bias_add", z, nb, support, bias, 0.75, backend=backend), want)
 
 
 @pytest.mark.parametrize("q,n,v,k", [(2, 6, 37, 4), (3, 20, 1500, 3)])
@@ -132,7 +164,7 @@ def test_dense_bias_add_is_bit_exact(q, n, v, k):
     keys = reference.unit_rows(torch.randn(n, 16, generator=g))
     nb = reference.retrieve(torch.randn(q, 16, generator=g), keys, torch.ones(n, dtype=torch.bool), k, 0.4)
     z = torch.randn(q, v, generator=g)
-    got = drift_kernels.bias_add(z, nb, None, bias, gain=0.6, backend="triton")
+    got = run_op("bias_add", z, nb, None, bias, gain=0.6, backend="triton")
     assert torch.equal(got, reference.bias_add_dense(z, nb, bias, gain=0.6))
 
 
@@ -141,7 +173,7 @@ def test_bias_add_with_no_neighbours_is_identity():
     nb = reference.retrieve(torch.randn(2, 8), torch.empty(0, 8), torch.empty(0, dtype=torch.bool), 4, 0.5)
     support = torch.zeros(0, 4, dtype=torch.int64)
     for backend in ("triton", "reference"):
-        assert torch.equal(drift_kernels.bias_add(z, nb, support, torch.zeros(0, 4), 0.6, backend=backend), z)
+        assert torch.equal(run_op("bias_add", z, nb, support, torch.zeros(0, 4), 0.6, backend=backend), z)
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
@@ -155,7 +187,7 @@ def test_update_matches_reference(dtype, adaptive, n, d, m, slots):
     residual = torch.randn(len(slots), m, generator=g)
     h = torch.randn(len(slots), d, generator=g) * 2
     state = [keys.clone(), bias.clone(), counts.clone()]
-    drift_kernels.update(*state, slots, residual, h, eta=0.1, adaptive=adaptive, backend="triton")
+    run_op("update", *state, slots, residual, h, eta=0.1, adaptive=adaptive, backend="triton")
     want = [keys.clone(), bias.clone(), counts.clone()]
     reference.update(*want, slots, residual, h, eta=0.1, adaptive=adaptive)
     torch.testing.assert_close(state[0].float(), want[0].float(), atol=TOL[dtype][1], rtol=0)
@@ -174,7 +206,7 @@ def test_update_by_hand():
     # position 0 hits slot 0 with n=1: η = max(0.1, 1/2) = 0.5; position 1 hits slot 0 again, n=2: η = 1/3
     for backend in ("triton", "reference"):
         k, b, c = keys.clone(), bias.clone(), counts.clone()
-        drift_kernels.update(k, b, c, torch.tensor([0, 0]), residual, h, eta=0.1, adaptive=True, backend=backend)
+        run_op("update", k, b, c, torch.tensor([0, 0]), residual, h, eta=0.1, adaptive=True, backend=backend)
         b0 = 0.5 * torch.tensor([1.0, -1.0]) + 0.5 * residual[0]                    # [2, 0]
         b1 = (2 / 3) * b0 + (1 / 3) * residual[1]                                  # [3, 5/3]
         k0 = torch.tensor([0.5, 0.5]) / torch.tensor([0.5, 0.5]).norm()
@@ -211,7 +243,7 @@ def test_auto_backend_uses_reference_on_cpu():
 def test_cpu_retrieval_matches_reference(n, d, q, k, share):
     keys, valid, g = make_bank(n, d, torch.float32, seed=n + 1, valid_share=share)
     h = torch.randn(q, d, generator=g)
-    got = drift_kernels.retrieve(h, keys, valid, k, sigma=0.3, backend="cpu")
+    got = run_op("retrieve", h, keys, valid, k, sigma=0.3, backend="cpu")
     want = reference.retrieve(h, keys, valid, k, sigma=0.3)
     assert torch.equal(got.idx, want.idx)
     live = want.idx >= 0
@@ -225,17 +257,17 @@ def test_cpu_retrieval_ties_and_empty():
     assert _top(np.array([0.5, 0.9, 0.5, 0.9, 0.1, 0.5], dtype=np.float32), 3).tolist() == [1, 3, 0]
     assert _top(np.array([0.2, 0.7, 0.7], dtype=np.float32), 1).tolist() == [1]
     key = reference.unit_rows(torch.randn(1, 16))
-    nb = drift_kernels.retrieve(key, torch.empty(0, 16), torch.empty(0, dtype=torch.bool), 4, 0.5, backend="cpu")
+    nb = run_op("retrieve", key, torch.empty(0, 16), torch.empty(0, dtype=torch.bool), 4, 0.5, backend="cpu")
     assert nb.idx.tolist() == [[-1] * 4] and nb.weight.abs().sum().item() == 0
 
 
 @pytest.mark.parametrize("q,n,m,v,k", [(1, 6, 5, 50, 4), (4, 123, 32, 1000, 4), (3, 7, 9, 97, 8)])
 def test_cpu_bias_add_is_bit_exact(q, n, m, v, k):
     z, nb, support, bias = make_bias_case(q, n, m, v, k, seed=q * 77 + n)
-    got = drift_kernels.bias_add(z, nb, support, bias, gain=0.6, backend="cpu")
+    got = run_op("bias_add", z, nb, support, bias, gain=0.6, backend="cpu")
     assert torch.equal(got, reference.bias_add(z, nb, support, bias, gain=0.6))
     dense = torch.randn(n, v)
-    got = drift_kernels.bias_add(z, nb, None, dense, gain=0.6, backend="cpu")
+    got = run_op("bias_add", z, nb, None, dense, gain=0.6, backend="cpu")
     assert torch.equal(got, reference.bias_add_dense(z, nb, dense, gain=0.6))
 
 
@@ -246,7 +278,7 @@ def test_cpu_update_matches_reference(adaptive):
     slots = torch.tensor([3, 9, 3, 3, 0])
     residual, h = torch.randn(5, 8, generator=g), torch.randn(5, 33, generator=g)
     got = [keys.clone(), bias.clone(), counts.clone()]
-    drift_kernels.update(*got, slots, residual, h, eta=0.1, adaptive=adaptive, backend="cpu")
+    run_op("update", *got, slots, residual, h, eta=0.1, adaptive=adaptive, backend="cpu")
     want = [keys.clone(), bias.clone(), counts.clone()]
     reference.update(*want, slots, residual, h, eta=0.1, adaptive=adaptive)
     torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=0)
