@@ -214,4 +214,5 @@ def run_stream(
                 on_prompt(i + 1, len(stream.prompts))
     except KeyboardInterrupt:
         complete = False
+    policy.end_stream()
     return StreamRun(policy.name, out, complete, policy.report())

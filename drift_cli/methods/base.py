@@ -9,7 +9,7 @@ Per iteration the engine calls, in order:
     (target verifies; exact acceptance)             # timed as "verify"
     commit(new_context)                             # roll caches back to the accepted prefix
     observe(feedback)                               # timed as "adapt"
-Per prompt: begin_prompt / end_prompt; per stream: begin_stream. Tensors keep a batch
+Per prompt: begin_prompt / end_prompt; per stream: begin_stream / end_stream. Tensors keep a batch
 dimension B (the engine runs B = 1 today).
 """
 
@@ -108,6 +108,9 @@ class DraftPolicy:
 
     def end_prompt(self, output: torch.Tensor) -> None:
         """output: [B, n] the ids generated for the prompt."""
+
+    def end_stream(self) -> None:
+        """After the last prompt of a stream (also after an interrupt): persist state, if any."""
 
     def report(self) -> dict[str, Any]:
         """Method-specific figures for run.json (memory, bank statistics, ...)."""

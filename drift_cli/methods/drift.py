@@ -145,11 +145,14 @@ class DriftMethod(ModelDraftPolicy):
 
     # -- figures -------------------------------------------------------------------------------
 
-    def report(self) -> dict[str, Any]:
-        """Bank figures for run.json; saves `--bank-out` once per stream (report ends a stream)."""
+    def end_stream(self) -> None:
+        """Saves `--bank-out` once per stream."""
         if self.bank_out is not None and not self._saved and self.banks:
             save_banks(self.banks, self.bank_out, self.fingerprint)
             self._saved = True
+
+    def report(self) -> dict[str, Any]:
+        """Bank figures for run.json."""
         tenants = {name: bank.stats() for name, bank in self.banks.items()}
         return {
             "config": self.cfg.to_json(),
