@@ -224,8 +224,10 @@ def stream_statistics(generations, n: int = NGRAM) -> dict:
 
 
 def shift_penalty(s_indist: float | None, s_shift: float | None) -> float | None:
-    """(S_indist - S_shift) / (S_indist - 1): the fraction of the in-distribution gain lost."""
-    if s_indist is None or s_shift is None or s_indist == 1.0:
+    """(S_indist - S_shift) / (S_indist - 1): the fraction of the in-distribution gain lost.
+
+    Undefined (None) when there is no in-distribution gain to lose (S_indist <= 1)."""
+    if s_indist is None or s_shift is None or s_indist <= 1.0:
         return None
     return (s_indist - s_shift) / (s_indist - 1.0)
 

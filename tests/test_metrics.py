@@ -111,6 +111,7 @@ def test_stream_statistics_repeats_across_prompts():
 def test_shift_penalty_and_gap_closed():
     assert M.shift_penalty(2.5, 1.6) == pytest.approx(0.9 / 1.5)
     assert M.shift_penalty(1.0, 0.9) is None
+    assert M.shift_penalty(0.8, 0.3) is None  # no in-distribution gain: nothing to lose
     assert M.gap_closed(0.63, 0.42, 0.66) == pytest.approx(0.21 / 0.24)
     assert M.gap_closed(0.5, 0.5, 0.5) is None
     assert math.isclose(M.gap_closed(2.3, 1.6, 2.5), 0.7 / 0.9)
