@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from drift_cli.bench import comparisons
+
 DEFAULT_METHODS = "vanilla,drift,offline,osd,pld,suffix"
 
 
@@ -38,7 +40,7 @@ def table(runs: dict[tuple[str, float], dict], methods: list[str]) -> str:
             r = run["methods"].get(m)
             cells.append("–" if r is None else
                          f"{_f(r['acceptance_rate'], '{:.3f}')} / {_f(r['mean_accepted_length'])} / {_f(r['speedup'])}")
-        c = run.get("comparisons", {})
+        c = comparisons(run["methods"], run.get("control") or None)  # today's formulas on saved metrics
         cells += [_f(run.get("stream", {}).get("repeated_ngram_share")),
                   f"{_f(c.get('gap_closed_alpha'))} / {_f(c.get('gap_closed_speedup'))}", _f(c.get("shift_penalty"))]
         lines.append("| " + " | ".join(cells) + " |")
