@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from drift_cli.results import atomic_write_bytes  # noqa: E402
+
+
+def save_figure(fig, path: Path, dpi: int = 110) -> None:
+    """Render a figure to PNG and write it atomically; closes the figure."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write_bytes(Path(path), buf.getvalue())
 
 
 def plot_alpha_curves(run: dict, path: Path) -> None:
@@ -22,8 +33,7 @@ def plot_alpha_curves(run: dict, path: Path) -> None:
     ax.set_title(f"{run['scenario']} ({run['split']}): acceptance over the stream")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_speedups(run: dict, path: Path) -> None:
@@ -37,8 +47,7 @@ def plot_speedups(run: dict, path: Path) -> None:
     ax.set_ylabel("speedup vs ar (per-prompt mean, 95% CI)")
     ax.set_title(f"{run['scenario']} ({run['split']})")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_run(run: dict, out_dir: Path) -> None:

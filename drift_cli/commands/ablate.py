@@ -9,9 +9,7 @@ run.json; `--json` prints run.json.
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -160,14 +158,9 @@ def plot_ablation(run: dict, path: Path) -> None:
     a2.legend()
     fig.suptitle(f"{run['scenario']} ({run['split']}): sweep of {ab['axis']}")
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.chmod(tmp, 0o644)                       # mkstemp makes 0600; plots are ordinary files
-    os.replace(tmp, path)
+    from drift_cli.plots import save_figure
+
+    save_figure(fig, path)
 
 
 def ablation_table(run: dict):

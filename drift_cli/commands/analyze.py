@@ -13,9 +13,7 @@ methods: where DRIFT helps and where not. Saved like a bench run, plus `residual
 from __future__ import annotations
 
 import math
-import os
 import sys
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -120,16 +118,9 @@ def run_analysis(cfg, limit: int, with_drift: bool, progress=None) -> tuple[dict
 
 
 def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
+    from drift_cli.plots import save_figure
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.chmod(tmp, 0o644)                       # mkstemp makes 0600; plots are ordinary files
-    os.replace(tmp, path)
+    save_figure(fig, path)
 
 
 def plot_analysis(run: dict, out_dir: Path) -> None:

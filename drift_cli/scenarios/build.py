@@ -15,11 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from drift_cli.results import atomic_write_bytes as write_atomic
 from drift_cli.scenarios.cleaning import content_sha256, normalise_text, normalised_sha256, truncate_at_line
 from drift_cli.scenarios.document import Document
 from drift_cli.scenarios.extractors import EXTRACTORS, MissingSource, list_files, missing_source
@@ -32,22 +32,6 @@ EXTRACTION_VERSION = 3
 def cache_root() -> Path:
     base = os.environ.get("DRIFT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "drift-bench")
     return Path(base) / "scenarios"
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same directory + fsync + os.replace: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _sha256_hex(data: bytes) -> str:

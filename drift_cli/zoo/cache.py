@@ -22,6 +22,8 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
+from drift_cli.results import atomic_write_bytes
+
 # Bump when the training or distillation code changes what a recipe produces.
 CODE_VERSION = 1
 
@@ -45,13 +47,7 @@ def documents_hash(docs) -> str:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 def read_json(path: Path) -> dict | None:
