@@ -17,6 +17,7 @@ from drift_cli.methods.pld import NgramIndex, PldConfig, PromptLookup
 from drift_cli.stream import Prompt, Stream
 from tests.exactness import SIGNIFICANCE, sampling_p_value
 from tests.models import tiny_pair
+from tests.recording import CountingProposals
 
 
 def brute_lookup(ids: list[int], max_ngram: int, max_tokens: int) -> list[int]:
@@ -54,20 +55,8 @@ def _stream(prompts: list[list[int]], max_new: int) -> Stream:
     return Stream("unit", "test", [Prompt(tuple(p), f"d{i}") for i, p in enumerate(prompts)], max_new)
 
 
-class Recording(PromptLookup):
+class Recording(CountingProposals, PromptLookup):
     """Counts iterations and non-empty proposals."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.calls = self.drafting = self.proposed = 0
-
-    def propose(self, context, gamma, sampler):
-        prop = super().propose(context, gamma, sampler)
-        self.calls += 1
-        self.drafting += prop.k > 0
-        self.proposed += prop.k
-        assert prop.k <= gamma and prop.q is None
-        return prop
 
 
 REPETITIVE = [[3, 9, 4, 3, 9, 4, 3, 9], [1], [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 2, 11, 5, 6, 7], list(range(20, 37))]

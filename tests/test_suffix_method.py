@@ -16,19 +16,12 @@ from drift_cli.methods.suffix import SuffixConfig, SuffixDecoding
 from drift_cli.stream import Prompt, Stream
 from tests.exactness import SIGNIFICANCE, sampling_p_value
 from tests.models import tiny_pair
+from tests.recording import CountingProposals
 
 
-class Recording(SuffixDecoding):
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.calls = self.drafting = self.proposed = 0
-
+class Recording(CountingProposals, SuffixDecoding):
     def propose(self, context, gamma, sampler):
         prop = super().propose(context, gamma, sampler)
-        self.calls += 1
-        self.drafting += prop.k > 0
-        self.proposed += prop.k
-        assert prop.k <= gamma and prop.q is None
         # the policy's mirror of the context is the engine's context
         assert self._context == context[0].tolist()
         return prop
