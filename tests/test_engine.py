@@ -126,3 +126,32 @@ def test_interrupted_stream_keeps_what_finished():
     run = run_stream(CausalLM(target, "target"), InterruptAfter(draft), _stream([3, 4, 5]), DecodeConfig(max_new_tokens=6))
     assert run.complete is False
     assert len(run.generations) == 1 and len(run.generations[0].output_ids) == 6
+
+
+class Keeping(Vanilla):
+    """Keeps every feedback it observes."""
+
+    name = "keeping"
+
+    def begin_stream(self):
+        self.seen = []
+
+    def observe(self, feedback):
+        self.seen.append(feedback)
+
+
+@torch.inference_mode()
+def test_feedback_carries_the_target_pass_at_every_drafted_position():
+    draft, target = tiny_pair()
+    policy = Keeping(draft)
+    run_stream(CausalLM(target, "target"), policy, _stream([5]), DecodeConfig(gamma=3, max_new_tokens=12))
+    fb = policy.seen[0]
+    k = fb.proposal.k
+    assert fb.target_logits.shape[1] == fb.target_hidden.shape[1] == k + 1
+    assert fb.target_hidden.shape[-1] == target.config.hidden_size
+    # the logits are the target's head applied to the hidden states it exposes
+    torch.testing.assert_close(target.lm_head(fb.target_hidden).float(), fb.target_logits)
+    # and they are the target's distributions for [last, x1..xk] of this context
+    ids = torch.cat([fb.context, fb.proposal.tokens], 1)
+    full = target(ids).logits[:, -(k + 1):].float()
+    torch.testing.assert_close(full, fb.target_logits, rtol=1e-4, atol=1e-4)

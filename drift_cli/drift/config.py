@@ -45,8 +45,8 @@ class DriftConfig:
             if not ok:
                 raise BadInput(message)
         if self.key == "target-est":
-            raise BadInput("--key target-est is not available yet: the engine does not expose the "
-                           "target's hidden states to fit the ridge map (use --key draft)")
+            raise BadInput("--key target-est is not available yet: the ridge map from draft to target "
+                           "hidden states is not implemented (use --key draft)")
         return self
 
     @classmethod

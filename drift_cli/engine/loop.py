@@ -89,17 +89,17 @@ def _entropy(logits: torch.Tensor) -> list[float]:
 def verify(target: CausalLM, context: torch.Tensor, proposal: Proposal, sampler: Sampler):
     """Score [last, x1..xk] with the target and apply the acceptance rule.
 
-    Returns (target_logits [B, k+1, V], accepted [B], next_token [B]).
+    Returns (target_hidden [B, k+1, d], target_logits [B, k+1, V], accepted [B], next_token [B]).
     """
     feed = torch.cat([context[:, target.cache_len:], proposal.tokens], dim=1)
-    _, logits = target.forward(feed)
-    logits = logits[:, -(proposal.k + 1):]
+    hidden, logits = target.forward(feed)
+    hidden, logits = hidden[:, -(proposal.k + 1):], logits[:, -(proposal.k + 1):]
     if sampler.greedy:
         accepted, next_token = accept_greedy(proposal.tokens, logits)
     else:
         p = sampler.probs(sampler.sampling_logits(logits))
         accepted, next_token = accept_sampling(proposal.tokens, proposal.q, p, sampler.generator)
-    return logits, accepted, next_token
+    return hidden, logits, accepted, next_token
 
 
 def generate(
@@ -137,7 +137,7 @@ def generate(
             proposal = policy.propose(context, room, sampler) if room > 0 else DraftPolicy.propose(policy, context, 0, sampler)
             proposal = _cut_at_eos(proposal, cfg.eos_id)
         with clock.span("verify"):
-            target_logits, accepted, next_token = verify(target, context, proposal, sampler)
+            target_hidden, target_logits, accepted, next_token = verify(target, context, proposal, sampler)
             n = int(accepted[0])  # the one host read per iteration
         new = torch.cat([proposal.tokens[:, :n], next_token[:, None]], dim=1)
         if cfg.eos_id is not None and (new[0] == cfg.eos_id).any():
@@ -147,7 +147,8 @@ def generate(
         target.crop(new_context.shape[1] - 1)
         policy.commit(new_context)
         with clock.span("adapt"):
-            policy.observe(Feedback(context, proposal, target_logits, accepted, next_token, sampler, step0 + len(steps)))
+            policy.observe(Feedback(context, proposal, target_logits, accepted, next_token, sampler,
+                                    step0 + len(steps), target_hidden))
         ms = clock.read()
         total = (time.perf_counter() - t_start) * 1e3
         phases = {name: ms.get(name, 0.0) for name in ("draft", "verify", "adapt")}

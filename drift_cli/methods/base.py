@@ -56,6 +56,7 @@ class Feedback:
     next_token: torch.Tensor     # [B] int64: the correction (or bonus) token
     sampler: Sampler
     step: int                    # verification step index within the stream
+    target_hidden: torch.Tensor | None = None  # [B, k+1, d_target] the target's lm_head inputs
 
 
 @dataclass
