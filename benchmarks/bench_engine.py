@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from drift_cli.bench import BenchConfig, run_bench
-    from drift_cli.cli import quiet_libraries
+    from drift_cli.console import quiet_libraries
 
     quiet_libraries()
     cfg = BenchConfig(scenario=None if args.corpus else args.scenario, corpus=args.corpus, methods=args.methods,

@@ -6,89 +6,26 @@ never a traceback. With --json, stdout carries the JSON document and nothing els
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from drift_cli.commands.ablate import ablate
+from drift_cli.commands.analyze import analyze
+from drift_cli.commands.bank import bank
+from drift_cli.commands.data import data
+from drift_cli.commands.options import decode_options, method_options, model_options
+from drift_cli.commands.regress import regress
+from drift_cli.commands.zoo import zoo
+from drift_cli.console import ProgressCallback, emit, err_console, quiet_libraries, rich_progress, stdout_console
 from drift_cli.errors import BadInput, CheckFailed
-
-err_console = Console(stderr=True)
-
-
-def rich_progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err_console, transient=True)
-
-
-class ProgressCallback:
-    """Adapts `(description, completed, total)` calls to rich progress tasks, one per description."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.tasks: dict[str, int] = {}
-
-    def __call__(self, description: str, completed: float, total: float) -> None:
-        if description not in self.tasks:
-            self.tasks[description] = self.progress.add_task(description, total=total)
-        self.progress.update(self.tasks[description], completed=completed, total=total)
-
-
-def emit(obj: dict, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(obj, indent=2))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="drift-bench")
 def cli() -> None:
     """drift-bench: speculative decoding under distribution shift."""
-
-
-def _method_options(fn):
-    from drift_cli.methods import METHODS
-
-    seen: set[str] = set()
-    for name in reversed(METHODS.names()):
-        for opt in METHODS[name].cli_options:
-            if opt.name not in seen:
-                seen.add(opt.name)
-                fn.__click_params__ = getattr(fn, "__click_params__", []) + [opt]
-    return fn
-
-
-def model_options(fn):
-    opts = [
-        click.option("--zoo", "zoo", default="small", show_default=True, help="built-in model zoo preset"),
-        click.option("--draft", type=str, default=None, help="draft checkpoint (local Hugging Face dir)"),
-        click.option("--target", type=str, default=None, help="target checkpoint (local Hugging Face dir)"),
-        click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:1, or auto"),
-        click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16, float16"),
-        click.option("--threads", type=int, default=None, help="torch CPU threads (default 1 on the CPU)"),
-    ]
-    for o in reversed(opts):
-        fn = o(fn)
-    return fn
-
-
-def decode_options(fn):
-    opts = [
-        click.option("--split", default="test", show_default=True, help="dev or test"),
-        click.option("--max-prompts", type=int, default=None, help="use the first N prompts of the stream"),
-        click.option("--max-new-tokens", type=int, default=None, help="override the scenario's generation length"),
-        click.option("--gamma", type=int, default=4, show_default=True, help="draft block size"),
-        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy"),
-        click.option("--top-p", type=float, default=None, help="nucleus sampling threshold"),
-        click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--out", type=click.Path(path_type=Path), default=Path("results"), show_default=True),
-        click.option("--json", "as_json", is_flag=True, help="print run.json to stdout (and nothing else)"),
-    ]
-    for o in reversed(opts):
-        fn = o(fn)
-    return fn
 
 
 @cli.command()
@@ -98,7 +35,7 @@ def decode_options(fn):
 @click.option("--no-control", is_flag=True, help="skip the indist control stream")
 @model_options
 @decode_options
-@_method_options
+@method_options
 def bench(scenario, corpus, methods, no_control, zoo, draft, target, device, dtype, threads, split, max_prompts,
           max_new_tokens, gamma, temperature, top_p, seed, out, as_json, **method_opts) -> None:
     """Run methods on one prompt stream and compare them."""
@@ -150,43 +87,6 @@ def report(run_dirs, as_json, out) -> None:
         render_run(run, console, str(d))
 
 
-def _register_optional_commands() -> None:
-    """Command groups that live in their own modules."""
-    import importlib
-
-    for module, attr in [("drift_cli.commands.data", "data"), ("drift_cli.commands.zoo", "zoo"),
-                         ("drift_cli.commands.bank", "bank"), ("drift_cli.commands.ablate", "ablate"),
-                         ("drift_cli.commands.analyze", "analyze"), ("drift_cli.commands.regress", "regress")]:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue
-        cli.add_command(getattr(mod, attr))
-
-
-
-def quiet_libraries() -> None:
-    """Nothing is downloaded at run time, and library progress bars stay off our terminal."""
-    import os
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
-
-
-def stdout_console() -> Console:
-    """Rich console for results; wide enough for the tables when stdout is not a terminal."""
-    return Console() if sys.stdout.isatty() else Console(width=160)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point: maps BadInput and usage errors to one line + exit 2."""
     quiet_libraries()
@@ -212,5 +112,5 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
-# Last, so that command modules may import helpers defined above.
-_register_optional_commands()
+for _group in (data, zoo, bank, ablate, analyze, regress):   # command groups in their own modules
+    cli.add_command(_group)

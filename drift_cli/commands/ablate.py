@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 import click
 
-from drift_cli.cli import ProgressCallback, decode_options, emit, model_options, rich_progress
+from drift_cli.commands.options import decode_options, model_options
+from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
 from drift_cli.errors import BadInput
 from drift_cli.methods.drift import DriftMethod
 from drift_cli.registry import unknown
@@ -233,7 +234,6 @@ def ablate(axis, values, scenario, corpus, as_json, **opts) -> None:
     if as_json:
         emit(run, True)
     else:
-        from drift_cli.cli import stdout_console  # defined after the command modules load
 
         console = stdout_console()
         console.print(f"→ {path}")

@@ -20,7 +20,8 @@ from pathlib import Path
 import click
 import torch
 
-from drift_cli.cli import ProgressCallback, decode_options, emit, model_options, rich_progress
+from drift_cli.commands.options import decode_options, model_options
+from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
 from drift_cli.errors import BadInput
 from drift_cli.methods.base import Feedback
 from drift_cli.methods.drift import DriftMethod
@@ -225,7 +226,6 @@ def residuals(scenario, corpus, max_residuals, with_drift, as_json, **opts) -> N
     if as_json:
         emit(run, True)
     else:
-        from drift_cli.cli import stdout_console  # defined after the command modules load
 
         console = stdout_console()
         console.print(f"→ {path}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from drift_cli.cli import ProgressCallback, emit, rich_progress
+from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
 from drift_cli.regress import DEFAULT_TOLERANCE, RegressConfig
 
 _D = RegressConfig()
@@ -63,7 +63,6 @@ def check_pair_options(fn):
 def pin(methods, scenario, corpus, split, max_prompts, max_new_tokens, gamma, temperature, seed, dtype, out, as_json,
         zoo, draft, target, device) -> None:
     """Measure the pair's acceptance on a fixed regression stream and write a baseline."""
-    from drift_cli.cli import stdout_console
     from drift_cli.regress import default_baseline_path, pin as run_pin, write_baseline
     from drift_cli.results import check_writable
 
@@ -99,7 +98,6 @@ def pin(methods, scenario, corpus, split, max_prompts, max_new_tokens, gamma, te
 @check_pair_options
 def check(baseline_path, tolerance, out, as_json, zoo, draft, target, device) -> None:
     """Re-measure acceptance on the baseline's stream; exit 1 if it fell by more than the tolerance."""
-    from drift_cli.cli import stdout_console
     from drift_cli.regress import check as run_check, config_from_baseline, enforce, load_baseline
     from drift_cli.results import atomic_write_json, check_writable
 

@@ -3,30 +3,13 @@
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from drift_cli.console import ProgressCallback, rich_progress
 from drift_cli.divergence import DIVERGENCES
-
-
-@contextmanager
-def _progress_callback(console: Console):
-    """A `(description, completed, total)` callback drawing one rich bar per description."""
-    bars = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console, transient=False)
-    tasks: dict[str, int] = {}
-
-    def update(description: str, completed: float, total: float) -> None:
-        if description not in tasks:
-            tasks[description] = bars.add_task(description, total=total)
-        bars.update(tasks[description], completed=completed, total=total)
-
-    with bars:
-        yield update
 
 
 @click.group("zoo")
@@ -47,8 +30,8 @@ def build(preset: str, offline_scenarios: tuple[str, ...], divergence: str, on_p
     from drift_cli.zoo import ensure_offline_draft, ensure_zoo
     from drift_cli.zoo.cache import read_json
 
-    console = Console(stderr=True)
-    with _progress_callback(console) as progress:
+    with rich_progress(transient=False) as bars:
+        progress = ProgressCallback(bars)
         pair = ensure_zoo(preset, progress=progress)
         offline = [ensure_offline_draft(preset, s, divergence, on_policy, progress=progress) for s in offline_scenarios]
     manifest = read_json(pair.root / "manifest.json")
@@ -116,8 +99,8 @@ def shift(preset, scenarios, split, max_prompts, max_new_tokens, gamma, offline,
     """Greedy acceptance of the zoo draft vs its target per scenario (no timing): is the shift real?"""
     from drift_cli.zoo.shift import SHIFTED, shift_report
 
-    console = Console(stderr=True)
-    with _progress_callback(console) as progress:
+    with rich_progress(transient=False) as bars:
+        progress = ProgressCallback(bars)
         report = shift_report(preset, tuple(scenarios) or ("indist",) + SHIFTED, split, max_prompts, gamma,
                               offline, max_new_tokens, progress)
     if as_json:

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import click
 
+from drift_cli.divergence import DIVERGENCES
 from drift_cli.errors import BadInput
 from drift_cli.methods.base import MethodContext, ModelDraftPolicy
-
-DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
 
 
 class Offline(ModelDraftPolicy):

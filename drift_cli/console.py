@@ -1,0 +1,55 @@
+"""Terminal plumbing shared by every command: stderr console, progress bars, JSON output."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+err_console = Console(stderr=True)
+
+
+def rich_progress(transient: bool = True) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err_console, transient=transient)
+
+
+class ProgressCallback:
+    """Adapts `(description, completed, total)` calls to rich progress tasks, one per description."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.tasks: dict[str, int] = {}
+
+    def __call__(self, description: str, completed: float, total: float) -> None:
+        if description not in self.tasks:
+            self.tasks[description] = self.progress.add_task(description, total=total)
+        self.progress.update(self.tasks[description], completed=completed, total=total)
+
+
+def emit(obj: dict, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(obj, indent=2))
+
+
+def quiet_libraries() -> None:
+    """Nothing is downloaded at run time, and library progress bars stay off our terminal."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def stdout_console() -> Console:
+    """Rich console for results; wide enough for the tables when stdout is not a terminal."""
+    return Console() if sys.stdout.isatty() else Console(width=160)
