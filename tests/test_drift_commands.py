@@ -48,12 +48,16 @@ def test_ablate_sweeps_an_axis_and_saves_a_run(pair, tmp_path, capsys):
     assert json.loads((run_dir / "run.json").read_text())["ablation"]["rows"] == ab["rows"]
 
 
-def test_ablate_key_target_est_is_reported_as_skipped(pair, tmp_path, capsys):
+def test_ablate_key_runs_draft_and_target_est(pair, tmp_path, capsys):
     code, out, err = run_cli(["ablate", "--sweep", "key", *common(pair, tmp_path)], capsys)
     assert code == 0, err
-    rows = json.loads(out)["ablation"]["rows"]
-    assert rows[0]["value"] == "draft" and "acceptance_rate" in rows[0]
-    assert "target hidden states" in rows[1]["skipped"] or "target's hidden states" in rows[1]["skipped"]
+    run = json.loads(out)
+    rows = run["ablation"]["rows"]
+    assert [r["value"] for r in rows] == ["draft", "target-est"] and run["ablation"]["skipped"] == {}
+    assert all("skipped" not in r and 0.0 <= r["acceptance_rate"] <= 1.0 for r in rows)
+    te = run["methods"]["drift[key=target-est]"]
+    assert te["ar_match_rate"] == 1.0
+    assert te["report"]["key_map"]["tenants"]["default"]["pairs"] > 0     # the map collected its pairs
 
 
 @pytest.mark.parametrize("args,message", [

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from drift_cli.drift import DriftConfig
+from drift_cli.drift.keymap import KeyMapSpec
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, run_stream
-from drift_cli.engine.sampling import Sampler
 from drift_cli.methods.ar import Autoregressive
 from drift_cli.methods.drift import DriftMethod
 from drift_cli.stream import Prompt, Stream
@@ -18,6 +20,9 @@ from tests.models import tiny_pair
 # A bank that fills and retrieves quickly at these tiny sizes: a low τ so prototypes get updated,
 # a wide kernel so neighbours carry weight, a large gain so the bias changes proposals.
 CFG = DriftConfig(gain=2.0, tau=0.3, sigma=1.0, bank_size=64, support=8)
+# --key target-est: a ridge map fitted within these tiny streams (the defaults wait 256 positions)
+FAST_KEY_MAP = KeyMapSpec(warmup=16, refit_every=24)
+KEYS = ["draft", "target-est"]
 
 
 def stream(n_prompts=4, length=6, max_new=24, tenants=None, seed=0, vocab=48):
@@ -28,7 +33,7 @@ def stream(n_prompts=4, length=6, max_new=24, tenants=None, seed=0, vocab=48):
 
 
 def drift(draft, cfg=CFG, **kw):
-    return DriftMethod(draft, cfg, books_factory=make_books, backend="reference", **kw)
+    return DriftMethod(draft, cfg, books_factory=make_books, backend="reference", key_map=FAST_KEY_MAP, **kw)
 
 
 class Recording(DriftMethod):
@@ -49,54 +54,65 @@ class Recording(DriftMethod):
 
 
 def recording(draft, cfg=CFG, **kw):
-    return Recording(draft, cfg, books_factory=make_books, backend="reference", **kw)
+    return Recording(draft, cfg, books_factory=make_books, backend="reference", key_map=FAST_KEY_MAP, **kw)
 
 
+@pytest.mark.parametrize("key", KEYS)
 @pytest.mark.parametrize("gamma", [1, 4])
-def test_greedy_drift_equals_ar_and_the_bias_acts(gamma):
+def test_greedy_drift_equals_ar_and_the_bias_acts(gamma, key):
     draft, target = tiny_pair(scale=4.0)
     s = stream()
     cfg = DecodeConfig(gamma=gamma, max_new_tokens=24)
     lm = CausalLM(target, "target")
     ar = run_stream(lm, Autoregressive(), s, cfg)
-    method = recording(draft)
+    method = recording(draft, replace(CFG, key=key))
     dr = run_stream(lm, method, s, cfg)
     assert [g.output_ids for g in dr.generations] == [g.output_ids for g in ar.generations]
     assert dr.report["prototypes"] > 0 and dr.report["updates"] > 0
-    plain = recording(draft, DriftConfig(gain=0.0, tau=0.3, sigma=1.0, bank_size=64, support=8))
+    plain = recording(draft, DriftConfig(gain=0.0, tau=0.3, sigma=1.0, bank_size=64, support=8, key=key))
     run_stream(lm, plain, s, cfg)
     assert method.proposals != plain.proposals          # the bias changed what the draft proposed
+    if key == "target-est":                             # keyed in the target's hidden size, refitted
+        assert method.banks["default"].dim == target.config.hidden_size
+        assert dr.report["key_map"]["tenants"]["default"]["fits"] >= 2
 
 
-def test_no_gradient_and_no_new_parameter():
+@pytest.mark.parametrize("key", KEYS)
+def test_no_gradient_and_no_new_parameter(key):
     draft, target = tiny_pair(scale=4.0)
     before = [(n, p.shape, p.requires_grad) for n, p in draft.named_parameters()]
     weights = [p.detach().clone() for p in draft.parameters()]
-    method = drift(draft)
+    method = drift(draft, replace(CFG, key=key))
     run_stream(CausalLM(target, "target"), method, stream(n_prompts=2), DecodeConfig(gamma=4, max_new_tokens=16))
     assert [(n, p.shape, p.requires_grad) for n, p in draft.named_parameters()] == before
     assert all(p.grad is None for p in draft.parameters())
     assert all(torch.equal(a, b) for a, b in zip(weights, draft.parameters(), strict=True))
     assert list(method.__dict__.get("_parameters", {})) == []
     bank = method.banks["default"]
-    for t in (bank.keys, bank.bias, bank.support, bank.counts):
+    state = [bank.keys, bank.bias, bank.support, bank.counts]
+    if key == "target-est":
+        keymap = method.keymaps["default"]
+        state += [keymap.xtx, keymap.xty, keymap.weight, keymap.intercept, method.shadows["default"].states]
+    for t in state:
         assert not t.requires_grad and t.grad_fn is None
 
 
-def test_tenant_isolation():
+@pytest.mark.parametrize("key", KEYS)
+def test_tenant_isolation(key):
     draft, target = tiny_pair(scale=4.0)
     cfg = DecodeConfig(gamma=4, max_new_tokens=20)
     lm = CausalLM(target, "target")
     mixed = stream(n_prompts=6, tenants=["a", "b", "a", "b", "a", "b"], seed=1)
     only_b = Stream("unit", "test", [p for p in mixed.prompts if p.tenant == "b"], mixed.max_new_tokens)
-    both, alone = recording(draft), recording(draft)
+    dcfg = replace(CFG, key=key)
+    both, alone = recording(draft, dcfg), recording(draft, dcfg)
     run_stream(lm, both, mixed, cfg)
     run_stream(lm, alone, only_b, cfg)
     b_props = [props for props, p in zip(both.proposals, mixed.prompts, strict=True) if p.tenant == "b"]
     assert b_props == alone.proposals
     assert both.banks["a"].n_valid > 0 and both.banks["b"].n_valid == alone.banks["b"].n_valid
     # and tenant a did learn something that would have changed b's proposals had it been shared
-    shared = recording(draft)
+    shared = recording(draft, dcfg)
     run_stream(lm, shared, Stream("unit", "test", [p.__class__(p.ids, p.doc_id) for p in mixed.prompts], 20), cfg)
     assert [props for props, p in zip(shared.proposals, mixed.prompts, strict=True) if p.tenant == "b"] != alone.proposals
 

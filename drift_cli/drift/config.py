@@ -25,7 +25,8 @@ class DriftConfig:
     bank_size: int = 4096        # N: prototypes per tenant bank
     support: int = 32            # m: tokens per prototype; 0 = the full vocabulary
     adaptive_rate: bool = True   # η_i = max(η, 1/(n_i + 1))
-    key: str = "draft"           # what the prototypes are keyed on
+    key: str = "draft"           # what the prototypes are keyed on: the draft's hidden state, or the
+    #                              target's estimated from it by a ridge map (drift_cli/drift/keymap.py)
 
     def validate(self, vocab_size: int | None = None) -> "DriftConfig":
         checks = [
@@ -44,9 +45,6 @@ class DriftConfig:
         for ok, message in checks:
             if not ok:
                 raise BadInput(message)
-        if self.key == "target-est":
-            raise BadInput("--key target-est is not available yet: the ridge map from draft to target "
-                           "hidden states is not implemented (use --key draft)")
         return self
 
     @classmethod

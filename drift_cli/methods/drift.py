@@ -6,6 +6,10 @@ After verification (`observe`, timed as "adapt"): update or allocate a prototype
 drafted position in order, from the target's and the draft's unbiased distributions.
 One bank per tenant (`begin_prompt(prompt, tenant)`); banks persist across the prompts of a
 stream and are rebuilt by `begin_stream` (from `--bank-in` when given).
+
+`--key target-est` (drift_cli/drift/keymap.py): queries and keys are the draft state mapped by a
+per-tenant ridge map to an estimate of the target's hidden state; a tenant's bank (dim d_target)
+is created at the map's first fit and re-keyed from its draft-space shadow at every refit.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 
 from drift_cli.drift.bank import DriftBank
 from drift_cli.drift.config import KEYS, DriftConfig
+from drift_cli.drift.keymap import AllocationLog, DraftShadow, KeyMapSpec, RidgeKeyMap
 from drift_cli.drift.snapshot import load_bank, save_bank
 from drift_cli.engine.sampling import Sampler
 from drift_cli.errors import BadInput
@@ -54,15 +59,26 @@ class DriftMethod(ModelDraftPolicy):
 
     def __init__(self, draft: torch.nn.Module, cfg: DriftConfig = DriftConfig(), *, fingerprint: str | None = None,
                  bank_in: Path | None = None, bank_out: Path | None = None,
-                 books_factory: Callable[[int], Any] | None = None, backend: str = "auto") -> None:
+                 books_factory: Callable[[int], Any] | None = None, backend: str = "auto",
+                 key_map: KeyMapSpec = KeyMapSpec()) -> None:
         super().__init__(draft)
         self.cfg = cfg.validate(self.lm.vocab_size)
+        self.target_keyed = self.cfg.key == "target-est"
+        if self.target_keyed and (bank_in is not None or bank_out is not None):
+            raise BadInput("--bank-in/--bank-out are not available with --key target-est (a snapshot "
+                           "would need the ridge map and the draft-space shadow keys); use --key draft")
         self.fingerprint, self.bank_in, self.bank_out = fingerprint, bank_in, bank_out
         self.books_factory, self.backend = books_factory, backend
         head = self.lm.head.weight                                   # [V, d]
         self.dim, self.device, self.key_dtype = head.shape[1], head.device, head.dtype
         self.banks: dict[str, DriftBank] = {}
         self.bank: DriftBank | None = None
+        self.tenant = DEFAULT_TENANT
+        # --key target-est, per tenant: the ridge map (from the first feedback on) and the
+        # draft-space shadow of the bank's keys (from the first fit on, with the bank)
+        self.key_map = key_map
+        self.keymaps: dict[str, RidgeKeyMap] = {}
+        self.shadows: dict[str, DraftShadow] = {}
         self._pending: list[Neighbours | None] = []
         self._saved = False
         if bank_in is not None and not bank_in.exists():
@@ -78,14 +94,15 @@ class DriftMethod(ModelDraftPolicy):
 
     # -- banks ---------------------------------------------------------------------------------
 
-    def _new_bank(self, tenant: str) -> DriftBank:
+    def _new_bank(self, tenant: str, dim: int | None = None) -> DriftBank:
         books = self.books_factory(self.cfg.bank_size) if self.books_factory else None
         with torch.inference_mode():
-            return DriftBank(self.cfg, self.dim, self.lm.vocab_size, self.device, self.key_dtype,
+            return DriftBank(self.cfg, dim or self.dim, self.lm.vocab_size, self.device, self.key_dtype,
                              tenant=tenant, books=books, backend=self.backend)
 
     def begin_stream(self) -> None:
         self.banks, self.bank, self._saved = {}, None, False
+        self.keymaps, self.shadows = {}, {}
         if self.bank_in is not None:
             for tenant, path in snapshot_files(self.bank_in).items():
                 self.banks[tenant] = load_bank(path, self.cfg, self.dim, self.lm.vocab_size, self.device,
@@ -93,10 +110,10 @@ class DriftMethod(ModelDraftPolicy):
 
     def begin_prompt(self, prompt: torch.Tensor, tenant: str | None = None) -> None:
         super().begin_prompt(prompt, tenant)
-        tenant = tenant or DEFAULT_TENANT
-        if tenant not in self.banks:
+        self.tenant = tenant = tenant or DEFAULT_TENANT
+        if tenant not in self.banks and not self.target_keyed:    # target-est: created at the first fit
             self.banks[tenant] = self._new_bank(tenant)
-        self.bank = self.banks[tenant]
+        self.bank = self.banks.get(tenant)
 
     # -- draft step ----------------------------------------------------------------------------
 
@@ -109,18 +126,29 @@ class DriftMethod(ModelDraftPolicy):
         if self.bank is None or self.bank.n_valid == 0:
             self._pending.append(None)
             return logits
-        adjusted, nb = self.bank.draft_step(hidden, logits)
+        adjusted, nb = self.bank.draft_step(self._key(hidden), logits)
         self._pending.append(nb)
         return adjusted
 
     # -- update --------------------------------------------------------------------------------
 
+    def _key(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [Q, d_draft] -> what the bank is keyed on: itself, or [Q, d_target] for target-est."""
+        return self.keymaps[self.tenant].map(hidden) if self.target_keyed else hidden
+
     @torch.inference_mode()
     def observe(self, feedback: Feedback) -> None:
         prop = feedback.proposal
-        k = prop.k
-        if k == 0 or self.bank is None or prop.hidden is None:
+        if prop.k == 0 or prop.hidden is None:
             return
+        if self.bank is not None:
+            self._update_bank(feedback)
+        if self.target_keyed:          # after the bank update, which used the map of the draft step
+            self._learn_key_map(feedback)
+
+    def _update_bank(self, feedback: Feedback) -> None:
+        prop = feedback.proposal
+        k = prop.k
         b = prop.tokens.shape[0]
         temp = 1.0 if feedback.sampler.greedy else feedback.sampler.temperature
         v = prop.base_logits.shape[-1]
@@ -130,7 +158,55 @@ class DriftMethod(ModelDraftPolicy):
         if temp != 1.0:
             logp, logq = logp / temp, logq / temp
         hidden = prop.hidden.reshape(b * k, -1)
-        self.bank.observe(hidden, self._neighbours(b, k), logp, logq)
+        if self.target_keyed:
+            self._observe_target_keyed(hidden, self._neighbours(b, k), logp, logq)
+        else:
+            self.bank.observe(hidden, self._neighbours(b, k), logp, logq)
+
+    def _observe_target_keyed(self, hidden: torch.Tensor, nb: Neighbours, logp: torch.Tensor,
+                              logq: torch.Tensor) -> None:
+        """The bank update on mapped states, mirrored on the draft-space shadow: the same matched
+        positions (nearest within τ) and rates, then the slots the books hand out for the rest."""
+        bank, shadow = self.bank, self.shadows[self.tenant]
+        idx, sim = nb.idx[:, 0].tolist(), nb.sim[:, 0].tolist()
+        matched = [p for p in range(len(idx)) if idx[p] >= 0 and sim[p] >= self.cfg.tau]
+        fresh = [p for p in range(len(idx)) if not (idx[p] >= 0 and sim[p] >= self.cfg.tau)]
+        slots = [idx[p] for p in matched]
+        if matched:
+            counts = bank.counts[torch.tensor(slots, device=bank.counts.device)].tolist()  # n_i before
+            shadow.update(matched, slots, counts, hidden, self.cfg.eta, self.cfg.adaptive_rate)
+        log = AllocationLog(bank.books)
+        bank.books = log
+        try:
+            bank.observe(self._key(hidden), nb, logp, logq)
+        finally:
+            bank.books = log.books
+        shadow.allocate(fresh, log.slots, hidden)
+
+    def _learn_key_map(self, feedback: Feedback) -> None:
+        """Add this iteration's (draft, target) pairs; at a (re)fit create or re-key the tenant's bank.
+
+        prop.hidden[:, i] (the draft state whose head drew x_{i+1}) and target_hidden[:, i] (the
+        target state whose head scores x_{i+1}) sit at the same position: the pairs are i < k.
+        """
+        prop, target_hidden = feedback.proposal, feedback.target_hidden
+        if target_hidden is None:
+            return
+        k, tenant = prop.k, self.tenant
+        x = prop.hidden.reshape(-1, prop.hidden.shape[-1])                     # [B·k, d_draft]
+        y = target_hidden[:, :k].reshape(-1, target_hidden.shape[-1])          # [B·k, d_target]
+        keymap = self.keymaps.get(tenant)
+        if keymap is None:
+            spec = self.key_map
+            keymap = self.keymaps[tenant] = RidgeKeyMap(x.shape[1], y.shape[1], spec.ridge, spec.refit_every,
+                                                        spec.warmup, device=self.device)
+        if not keymap.add(x, y):
+            return
+        if self.bank is None:
+            self.bank = self.banks[tenant] = self._new_bank(tenant, keymap.d_out)
+            self.shadows[tenant] = DraftShadow(self.cfg.bank_size, keymap.d_in, self.device)
+        else:
+            self.shadows[tenant].rekey(self.bank.keys, self.bank.valid, keymap)
 
     def _neighbours(self, b: int, k: int) -> Neighbours:
         """The draft step's retrievals for the k drafted positions, as [B·k, neighbours] (batch-major)."""
@@ -154,15 +230,21 @@ class DriftMethod(ModelDraftPolicy):
     def report(self) -> dict[str, Any]:
         """Bank figures for run.json."""
         tenants = {name: bank.stats() for name, bank in self.banks.items()}
-        return {
+        key_map_bytes = sum(m.memory_bytes() for m in self.keymaps.values()) + \
+            sum(s.memory_bytes() for s in self.shadows.values())
+        out = {
             "config": self.cfg.to_json(),
-            "memory_bytes": sum(bank.memory_bytes() for bank in self.banks.values()),
+            "memory_bytes": sum(bank.memory_bytes() for bank in self.banks.values()) + key_map_bytes,
             "tenants": tenants,
             "prototypes": sum(bank.n_valid for bank in self.banks.values()),
             "updates": sum(bank.totals.updated for bank in self.banks.values()),
             "allocations": sum(bank.totals.allocated for bank in self.banks.values()),
             "evictions": sum(bank.totals.evicted for bank in self.banks.values()),
         }
+        if self.target_keyed:   # the maps (XᵀX, XᵀY, W) and shadows [N, d_draft], included above
+            out["key_map"] = {"memory_bytes": key_map_bytes,
+                              "tenants": {name: m.stats() for name, m in self.keymaps.items()}}
+        return out
 
 
 def snapshot_files(path: Path) -> dict[str, Path]:

@@ -1,0 +1,164 @@
+"""`--key target-est`: prototypes keyed on an estimate of the target's hidden state.
+
+A ridge map W [(d_in+1), d_out] takes the draft's hidden state h (the lm_head input that
+predicts x_{i+1}) to the target's hidden state at the same position (Feedback.target_hidden[:, i]):
+    ŷ = [h, 1] · W,      W = (XᵀX + ρ·D)⁻¹ XᵀY,   D = diag(1, ..., 1, 0) (the intercept is free)
+XᵀX and XᵀY are sufficient statistics accumulated in float64 from every drafted position's
+(draft, target) pair, so a refit costs one (d_in+1)² solve whatever the stream length.
+ρ is relative: RIDGE times the mean diagonal of XᵀX over the d_in features, so the same
+constant suits hidden states of any scale.
+
+Schedule: the first fit once WARMUP pairs were seen, then a refit each time another
+REFIT_EVERY pairs arrived (checked after each iteration's pairs are added, so a fit uses every
+pair seen so far). Before the first fit there is no key space: the tenant's bank does not
+exist yet (no bias, no allocation), only pairs are collected.
+
+Re-keying: a prototype's key was made with the map of its time. Each bank keeps a draft-space
+shadow S [N, d_in] per prototype: the raw draft state at allocation, then the same EMA with the
+same per-prototype rate η_i as the key, but without renormalising. The EMA weights sum to 1, so
+W·[S, 1] is exactly the same EMA of the mapped states under the current W. On refit every
+valid key becomes unit(W·[S, 1]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from drift_kernels.reference import NORM_EPS, unit_rows
+
+RIDGE = 1e-2        # ρ relative to the mean feature energy (mean diagonal of XᵀX without the intercept)
+WARMUP = 256        # pairs (drafted positions) before the first fit
+REFIT_EVERY = 256   # pairs between refits
+
+
+@dataclass(frozen=True)
+class KeyMapSpec:
+    ridge: float = RIDGE
+    refit_every: int = REFIT_EVERY
+    warmup: int = WARMUP
+
+    def __post_init__(self) -> None:
+        if self.ridge <= 0.0 or self.refit_every < 1 or self.warmup < 1:
+            raise ValueError(f"key map needs ridge > 0, refit_every >= 1, warmup >= 1: {self}")
+
+
+class RidgeKeyMap:
+    """Draft hidden state [Q, d_in] -> estimated target hidden state [Q, d_out]."""
+
+    @torch.inference_mode()
+    def __init__(self, d_in: int, d_out: int, ridge: float = RIDGE, refit_every: int = REFIT_EVERY,
+                 warmup: int = WARMUP, device: torch.device | str = "cpu") -> None:
+        KeyMapSpec(ridge, refit_every, warmup)          # validates
+        self.d_in, self.d_out, self.ridge = d_in, d_out, ridge
+        self.refit_every, self.warmup = refit_every, warmup
+        self.xtx = torch.zeros(d_in + 1, d_in + 1, dtype=torch.float64, device=device)   # [(d+1), (d+1)]
+        self.xty = torch.zeros(d_in + 1, d_out, dtype=torch.float64, device=device)      # [(d+1), d_out]
+        self.weight: torch.Tensor | None = None   # [d_in, d_out] fp32, the slopes
+        self.intercept: torch.Tensor | None = None  # [d_out] fp32
+        self.seen = 0             # pairs accumulated
+        self.fitted_at: list[int] = []  # `seen` at each fit
+        self.next_fit = warmup
+
+    @property
+    def fitted(self) -> bool:
+        return self.weight is not None
+
+    @torch.inference_mode()
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """x [P, d_in] draft states, y [P, d_out] target states. Returns whether it refitted."""
+        if x.shape[0] == 0:
+            return False
+        x1 = torch.cat([x.double(), x.new_ones(x.shape[0], 1, dtype=torch.float64)], dim=1)   # [P, d_in+1]
+        self.xtx.addmm_(x1.T, x1)
+        self.xty.addmm_(x1.T, y.double())
+        self.seen += x.shape[0]
+        if self.seen < self.next_fit:
+            return False
+        self.fit()
+        return True
+
+    @torch.inference_mode()
+    def fit(self) -> None:
+        """W = (XᵀX + ρ·diag(1..1, 0))⁻¹ XᵀY in float64; the next refit REFIT_EVERY pairs later."""
+        d = self.d_in
+        energy = torch.diagonal(self.xtx)[:d].mean().clamp_min(NORM_EPS)
+        penalty = torch.full((d + 1,), float(self.ridge), dtype=torch.float64, device=self.xtx.device) * energy
+        penalty[d] = 0.0                                                     # the intercept is not regularised
+        w = torch.linalg.solve(self.xtx + torch.diag(penalty), self.xty)     # [(d+1), d_out]
+        self.weight, self.intercept = w[:d].float(), w[d].float()
+        self.fitted_at.append(self.seen)
+        while self.next_fit <= self.seen:
+            self.next_fit += self.refit_every
+
+    def map(self, h: torch.Tensor) -> torch.Tensor:
+        """h [Q, d_in] any float dtype -> [Q, d_out] fp32: one addmm (the intercept rides along)."""
+        assert self.weight is not None and self.intercept is not None, "the key map is not fitted yet"
+        return torch.addmm(self.intercept, h.float(), self.weight)
+
+    def memory_bytes(self) -> int:
+        tensors = [self.xtx, self.xty] + [t for t in (self.weight, self.intercept) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def stats(self) -> dict:
+        return {"pairs": self.seen, "fits": len(self.fitted_at), "fitted_at": list(self.fitted_at),
+                "ridge": self.ridge, "warmup": self.warmup, "refit_every": self.refit_every,
+                "memory_bytes": self.memory_bytes()}
+
+
+class DraftShadow:
+    """Per prototype slot, the draft-space state its key stands for: S [N, d_in] fp32.
+
+    Allocation sets S_i = h; an update S_i <- (1 - η_i) S_i + η_i h with the bank's rate
+    η_i = max(η, 1/(n_i + 1)) (or η), n_i the count before the update. No renormalisation, so
+    W·[S_i, 1] equals the EMA of the mapped states.
+    """
+
+    @torch.inference_mode()
+    def __init__(self, slots: int, d_in: int, device: torch.device | str = "cpu") -> None:
+        self.states = torch.zeros(slots, d_in, dtype=torch.float32, device=device)
+
+    @torch.inference_mode()
+    def update(self, pos: list[int], slots: list[int], counts: list[int], h: torch.Tensor, eta: float,
+               adaptive: bool) -> None:
+        """Matched positions in order; counts: each slot's n_i before this iteration (one entry per pos)."""
+        seen: dict[int, int] = {}
+        for p, slot, n0 in zip(pos, slots, counts, strict=True):
+            n = n0 + seen.get(slot, 0)
+            rate = max(eta, 1.0 / (n + 1.0)) if adaptive else eta
+            self.states[slot] = (1.0 - rate) * self.states[slot] + rate * h[p].float()
+            seen[slot] = seen.get(slot, 0) + 1
+
+    @torch.inference_mode()
+    def allocate(self, pos: list[int], slots: list[int], h: torch.Tensor) -> None:
+        """New prototypes in order (a slot handed out twice keeps the last position, as the bank does)."""
+        for p, slot in zip(pos, slots, strict=True):
+            self.states[slot] = h[p].float()
+
+    @torch.inference_mode()
+    def rekey(self, keys: torch.Tensor, valid: torch.Tensor, keymap: RidgeKeyMap) -> int:
+        """keys [N, d_out] in place: every valid row becomes unit(W·[S, 1]). Returns the rows re-keyed."""
+        rows = valid.nonzero().squeeze(1)                                  # [R]
+        if rows.numel():
+            keys[rows] = unit_rows(keymap.map(self.states[rows])).to(keys.dtype)
+        return int(rows.numel())
+
+    def memory_bytes(self) -> int:
+        return self.states.numel() * self.states.element_size()
+
+
+class AllocationLog:
+    """Wraps a bank's books for one `observe` call and records the slots `allocate` hands out, in
+    order (DriftBank.observe does not return them; see the report for the hook asked of bank.py)."""
+
+    def __init__(self, books) -> None:
+        self.books, self.slots = books, []
+
+    def allocate(self, tenant: str = "default"):
+        slot, evicted = self.books.allocate(tenant)
+        self.slots.append(int(slot))
+        return slot, evicted
+
+    def __getattr__(self, name: str):
+        return getattr(self.books, name)
