@@ -45,11 +45,11 @@ def test_ridge_fit_recovers_a_known_affine_map():
 def test_intercept_is_not_regularised():
     # centred inputs: the unpenalised intercept is mean(Y) whatever ρ, while the slopes shrink to 0
     x, a, b, y = linear_data(centred=True)
-    m = RidgeKeyMap(6, 5, ridge=1e6, refit_every=1000, warmup=200)
+    m = RidgeKeyMap(6, 5, ridge=1e9, refit_every=1000, warmup=200)
     m.add(x, y)
     torch.testing.assert_close(m.intercept.double(), y.mean(0), atol=1e-5, rtol=0)
     assert m.weight.abs().max() < 1e-4
-    # a penalised intercept would have been pulled towards 0: ρ = 1e6 · mean(diag XᵀX) >> n
+    # a penalised intercept would have been pulled towards 0: ρ (1e9 pseudo-pairs) >> n = 200
     assert (m.intercept.double() - b).abs().max() < 1e-5
 
 
@@ -60,6 +60,21 @@ def test_ridge_is_relative_to_the_feature_scale():
     large.add(100.0 * x, y)
     torch.testing.assert_close(large.weight * 100.0, small.weight, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(large.intercept, small.intercept, atol=1e-5, rtol=1e-5)
+
+
+def test_ridge_counts_as_pseudo_pairs():
+    """ρ = ridge × mean feature energy per pair: the same pairs seen twice weigh against the same
+    ρ, which equals one copy with half the ridge."""
+    x, _, _, y = linear_data(n=40)
+    y = y + torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    twice, once = RidgeKeyMap(6, 5, ridge=8.0, warmup=80), RidgeKeyMap(6, 5, ridge=4.0, warmup=40)
+    twice.add(x, y)
+    twice.add(x, y)
+    once.add(x, y)
+    torch.testing.assert_close(twice.weight, once.weight, atol=1e-6, rtol=0)
+    other = RidgeKeyMap(6, 5, ridge=8.0, warmup=40)
+    other.add(x, y)
+    assert (other.weight - once.weight).abs().max() > 1e-3      # and the ridge does matter here
 
 
 def test_refit_schedule_one_pair_at_a_time():
@@ -160,7 +175,7 @@ def test_draft_and_target_hidden_states_are_aligned():
 
 def test_refits_rekey_every_valid_prototype_and_shadows_follow_allocations():
     draft, target = tiny_pair(scale=4.0)
-    method = watching(draft)
+    method = watching(draft, replace(TE, tau=0.9))     # a high τ: some prototypes are never updated
     run = run_stream(CausalLM(target, "target"), method, stream(), DecodeConfig(gamma=4, max_new_tokens=24))
     keymap, bank, shadow = method.keymaps["default"], method.banks["default"], method.shadows["default"]
     assert method.rekeys >= 3 and len(keymap.fitted_at) == method.rekeys + 1   # the first fit creates the bank

@@ -5,8 +5,9 @@ predicts x_{i+1}) to the target's hidden state at the same position (Feedback.ta
     ŷ = [h, 1] · W,      W = (XᵀX + ρ·D)⁻¹ XᵀY,   D = diag(1, ..., 1, 0) (the intercept is free)
 XᵀX and XᵀY are sufficient statistics accumulated in float64 from every drafted position's
 (draft, target) pair, so a refit costs one (d_in+1)² solve whatever the stream length.
-ρ is relative: RIDGE times the mean diagonal of XᵀX over the d_in features, so the same
-constant suits hidden states of any scale.
+ρ = RIDGE × (mean diagonal of XᵀX over the d_in features) / n: the penalty weighs like RIDGE
+pseudo-pairs of average energy, so it suits hidden states of any scale and fades as pairs
+accumulate (strong at the first fit on 256 pairs, ~1% of the data term after a few thousand).
 
 Schedule: the first fit once WARMUP pairs were seen, then a refit each time another
 REFIT_EVERY pairs arrived (checked after each iteration's pairs are added, so a fit uses every
@@ -28,7 +29,7 @@ import torch
 
 from drift_kernels.reference import NORM_EPS, unit_rows
 
-RIDGE = 1e-2        # ρ relative to the mean feature energy (mean diagonal of XᵀX without the intercept)
+RIDGE = 32.0        # ρ in pseudo-pairs of mean feature energy (see above; chosen on jargon dev, docs/drift.md)
 WARMUP = 256        # pairs (drafted positions) before the first fit
 REFIT_EVERY = 256   # pairs between refits
 
@@ -83,7 +84,7 @@ class RidgeKeyMap:
     def fit(self) -> None:
         """W = (XᵀX + ρ·diag(1..1, 0))⁻¹ XᵀY in float64; the next refit REFIT_EVERY pairs later."""
         d = self.d_in
-        energy = torch.diagonal(self.xtx)[:d].mean().clamp_min(NORM_EPS)
+        energy = (torch.diagonal(self.xtx)[:d].mean() / self.seen).clamp_min(NORM_EPS)   # mean x² per pair
         penalty = torch.full((d + 1,), float(self.ridge), dtype=torch.float64, device=self.xtx.device) * energy
         penalty[d] = 0.0                                                     # the intercept is not regularised
         w = torch.linalg.solve(self.xtx + torch.diag(penalty), self.xty)     # [(d+1), d_out]
@@ -159,6 +160,11 @@ class AllocationLog:
         slot, evicted = self.books.allocate(tenant)
         self.slots.append(int(slot))
         return slot, evicted
+
+    def allocate_many(self, count: int, tenant: str = "default"):
+        out = self.books.allocate_many(count, tenant)
+        self.slots.extend(int(slot) for slot, _ in out)
+        return out
 
     def __getattr__(self, name: str):
         return getattr(self.books, name)
