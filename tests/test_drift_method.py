@@ -183,14 +183,16 @@ def test_triton_backend_reproduces_the_reference_run():
     torch.testing.assert_close(b.bias, a.bias, atol=1e-5, rtol=0)
 
 
-def test_cpu_path_reproduces_the_reference_run():
-    """The numpy CPU path (the default on the CPU) proposes exactly what the PyTorch reference does."""
+@pytest.mark.parametrize("key", KEYS)
+def test_cpu_path_reproduces_the_reference_run(key):
+    """The numpy CPU path (the default on the CPU) proposes exactly what the PyTorch reference does
+    (target-est: with re-keying written through the tensors the CPU path's views share)."""
     draft, target = tiny_pair(scale=4.0)
     s, cfg = stream(n_prompts=3, max_new=20), DecodeConfig(gamma=4, max_new_tokens=20)
     lm = CausalLM(target, "target")
     runs = {}
     for backend in ("reference", "cpu"):
-        m = Recording(draft, CFG, books_factory=make_books, backend=backend)
+        m = Recording(draft, replace(CFG, key=key), books_factory=make_books, backend=backend, key_map=FAST_KEY_MAP)
         run_stream(lm, m, s, cfg)
         runs[backend] = m
     ref, fast = runs["reference"], runs["cpu"]
