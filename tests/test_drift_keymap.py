@@ -107,9 +107,12 @@ def test_bad_key_map_settings():
         RidgeKeyMap(4, 4, warmup=0)
 
 
-def test_shadow_is_the_rate_weighted_mean_of_raw_states():
+@pytest.mark.parametrize("host", [True, False], ids=["numpy-view", "torch"])
+def test_shadow_is_the_rate_weighted_mean_of_raw_states(host):
     h = torch.tensor([[1.0, 2.0], [4.0, -2.0], [7.0, 3.0]])       # [P, d_in]
     s = DraftShadow(4, 2)
+    if not host:
+        s._host = None                                           # the device path, on the CPU
     s.allocate([0], [2], h)
     s.update([1, 2], [2, 2], [1, 1], h, eta=0.1, adaptive=True)   # slot 2 hit twice: rates 1/2 then 1/3
     torch.testing.assert_close(s.states[2], h.mean(0))

@@ -173,7 +173,8 @@ class DriftMethod(ModelDraftPolicy):
         fresh = [p for p in range(len(idx)) if not (idx[p] >= 0 and sim[p] >= self.cfg.tau)]
         slots = [idx[p] for p in matched]
         if matched:
-            counts = bank.counts[torch.tensor(slots, device=bank.counts.device)].tolist()  # n_i before
+            counts = (bank.counts.numpy()[slots] if bank.counts.device.type == "cpu"     # n_i before
+                      else bank.counts[torch.tensor(slots, device=bank.counts.device)]).tolist()
             shadow.update(matched, slots, counts, hidden, self.cfg.eta, self.cfg.adaptive_rate)
         log = AllocationLog(bank.books)
         bank.books = log
