@@ -114,3 +114,45 @@ def read_snapshot_summary(path: str | bytes | os.PathLike[str]) -> dict[str, obj
     """A checked snapshot's summary: format_version, file_bytes, header_bytes, array_bytes,
     N, d, m, dtypes, used, stats, tenants (name -> stats + quota), draft_fingerprint,
     config (parsed), meta (other caller keys), checksum."""
+
+# --- DRIFT's CPU arithmetic (drift-bank-core `kernels`; Python side: drift_kernels/cpu.py) ------
+# All arrays C-contiguous: float32 keys/bias/h/z/logits, int64 support/idx/counts, bool valid.
+# Bank arrays (keys [N, d], support [N, m] or None for a full-vocabulary bias [N, V], bias,
+# counts [N]) are written in place. Shapes are checked (ValueError).
+
+def drift_retrieve(keys: npt.NDArray[numpy.float32], valid: npt.NDArray[numpy.bool_] | None,
+                   h: npt.NDArray[numpy.float32], hi: int, k: int, inv_two_sigma_sq: float,
+                   ) -> tuple[npt.NDArray[numpy.int64], npt.NDArray[numpy.float32], npt.NDArray[numpy.float32]]:
+    """The k nearest of slots [0, hi) for each row of h [Q, d]: (idx, sim, weight) [Q, k], most
+    similar first, ties to the lower slot, -1 / -inf / 0 where fewer than k are valid."""
+
+def drift_bias_add(z: npt.NDArray[numpy.float32], idx: npt.NDArray[numpy.int64], weight: npt.NDArray[numpy.float32],
+                   support: npt.NDArray[numpy.int64] | None, bias: npt.NDArray[numpy.float32], gain: float,
+                   ) -> npt.NDArray[numpy.float32]:
+    """z [Q, V] + λβ as a new array (bit-identical to drift_kernels.reference.bias_add)."""
+
+def drift_draft_step(keys: npt.NDArray[numpy.float32], valid: npt.NDArray[numpy.bool_] | None,
+                     support: npt.NDArray[numpy.int64] | None, bias: npt.NDArray[numpy.float32],
+                     h: npt.NDArray[numpy.float32], z: npt.NDArray[numpy.float32], hi: int, k: int,
+                     inv_two_sigma_sq: float, gain: float,
+                     ) -> tuple[npt.NDArray[numpy.float32], npt.NDArray[numpy.int64], npt.NDArray[numpy.float32],
+                                npt.NDArray[numpy.float32]]:
+    """drift_retrieve then drift_bias_add in one call: (logits, idx, sim, weight)."""
+
+def drift_ema(keys: npt.NDArray[numpy.float32], bias: npt.NDArray[numpy.float32], counts: npt.NDArray[numpy.int64],
+              slots: Sequence[int], residual: npt.NDArray[numpy.float32], h: npt.NDArray[numpy.float32],
+              eta: float, adaptive: bool) -> None:
+    """The EMA step for row i of residual/h into slots[i], in order, in place."""
+
+def drift_update(keys: npt.NDArray[numpy.float32], support: npt.NDArray[numpy.int64] | None,
+                 bias: npt.NDArray[numpy.float32], counts: npt.NDArray[numpy.int64], h: npt.NDArray[numpy.float32],
+                 logp: npt.NDArray[numpy.float32], logq: npt.NDArray[numpy.float32], pos: Sequence[int],
+                 slots: Sequence[int], eta: float, adaptive: bool) -> int:
+    """Matched updates for (pos[i], slots[i]) in order: support refresh, residual on the support,
+    EMA. Returns the number of support refreshes."""
+
+def drift_allocate(keys: npt.NDArray[numpy.float32], support: npt.NDArray[numpy.int64] | None,
+                   bias: npt.NDArray[numpy.float32], counts: npt.NDArray[numpy.int64], h: npt.NDArray[numpy.float32],
+                   logp: npt.NDArray[numpy.float32], logq: npt.NDArray[numpy.float32], pos: Sequence[int],
+                   slots: Sequence[int]) -> None:
+    """New prototypes for (pos[i], slots[i]) in order: K = ĥ, S = top-m of max(p, q), B = r on S, n = 1."""

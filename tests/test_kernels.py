@@ -252,10 +252,14 @@ def test_cpu_retrieval_matches_reference(n, d, q, k, share):
 
 
 def test_cpu_retrieval_ties_and_empty():
-    from drift_kernels.cpu import _top
-    # ties in the computed similarities go to the lower slot, at the top-k boundary too
-    assert _top(np.array([0.5, 0.9, 0.5, 0.9, 0.1, 0.5], dtype=np.float32), 3).tolist() == [1, 3, 0]
-    assert _top(np.array([0.2, 0.7, 0.7], dtype=np.float32), 1).tolist() == [1]
+    # identical keys give identical similarities: ties go to the lower slot, at the top-k boundary too
+    a, b, c = (reference.unit_rows(torch.randn(1, 16, generator=torch.Generator().manual_seed(s))) for s in (1, 2, 3))
+    keys = torch.cat([a, b, a, b, c, a])
+    nb = run_op("retrieve", b, keys, torch.ones(6, dtype=torch.bool), 3, 0.5, backend="cpu")
+    assert nb.idx[0, :2].tolist() == [1, 3]
+    assert nb.idx.tolist() == reference.retrieve(b, keys, torch.ones(6, dtype=torch.bool), 3, 0.5).idx.tolist()
+    nb = run_op("retrieve", a, keys, torch.tensor([True, True, False, True, True, True]), 2, 0.5, backend="cpu")
+    assert nb.idx.tolist() == [[0, 5]]                # slot 2 is invalid
     key = reference.unit_rows(torch.randn(1, 16))
     nb = run_op("retrieve", key, torch.empty(0, 16), torch.empty(0, dtype=torch.bool), 4, 0.5, backend="cpu")
     assert nb.idx.tolist() == [[-1] * 4] and nb.weight.abs().sum().item() == 0
@@ -291,7 +295,8 @@ def test_cpu_bank_view_fuses_retrieval_and_bias_add():
     z, nb0, support, bias = make_bias_case(1, 60, 16, 500, 4, seed=11)
     keys, valid, g = make_bank(60, 24, torch.float32, seed=11, valid_share=0.8)
     h = torch.randn(1, 24, generator=g)
-    view = BankView(keys, valid, support, bias)
+    support = support.long()                          # the bank keeps int64 ids
+    view = BankView(keys, valid, support, bias, torch.zeros(60, dtype=torch.int64))
     out, nb = view.adjust(h, z, hi=60, all_valid=False, k=4, sigma=0.4, gain=0.6)
     assert torch.equal(nb.idx, reference.retrieve(h, keys, valid, 4, 0.4).idx)
     assert torch.equal(out, reference.bias_add(z, nb, support, bias, 0.6))

@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 import drift_kernels
-from drift_kernels import cpu as kernels_cpu
 from drift_cli.drift.config import DriftConfig
 from drift_kernels import Neighbours, reference
 from drift_kernels.cpu import BankView
@@ -53,9 +52,8 @@ class DriftBank:
         self.bias = torch.zeros(n, m or vocab, dtype=torch.float32, device=device)
         self.counts = torch.zeros(n, dtype=torch.int64, device=device)
         self.valid = torch.zeros(n, dtype=torch.bool, device=device)
-        self.view = BankView(self.keys, self.valid, self.support, self.bias) \
+        self.view = BankView(self.keys, self.valid, self.support, self.bias, self.counts) \
             if resolve(self.keys, backend) == "cpu" and key_dtype == torch.float32 else None
-        self._counts_np = self.counts.numpy() if self.view is not None else None
         self._valid_np = np.zeros(n, dtype=bool)     # host mirror of `valid` (no device reads)
         self.n_valid = 0          # host-side count, so an empty bank costs no device work
         self.hi = 0               # 1 + the highest valid slot: retrieval scans keys[:hi] only
@@ -103,18 +101,16 @@ class DriftBank:
         used += [idx[p] for p in matched]
         if used:
             self.books.touch([used[i] for i in last_occurrence(used)])   # one hit per slot per iteration
-        if self.view is not None:                   # CPU: the same steps on numpy views
-            update, allocate = self._update_np, self._allocate_np
-            h, logp, logq = (t.detach().float().numpy() for t in (h, logp, logq))
+        if self.view is not None:                   # CPU: one Rust call per half
+            self._observe_cpu(stats, matched, [idx[p] for p in matched], fresh, h, logp, logq)
         else:
-            update, allocate = self._update, self._allocate
-        for rnd in occurrence_rounds([idx[p] for p in matched]):
-            pos = [matched[i] for i in rnd]
-            stats.refreshed += update(pos, [idx[p] for p in pos], h, logp, logq)
-            stats.updated += len(pos)
-        if fresh:
-            stats.evicted += allocate(fresh, h, logp, logq)
-            stats.allocated += len(fresh)
+            for rnd in occurrence_rounds([idx[p] for p in matched]):
+                pos = [matched[i] for i in rnd]
+                stats.refreshed += self._update(pos, [idx[p] for p in pos], h, logp, logq)
+                stats.updated += len(pos)
+            if fresh:
+                stats.evicted += self._allocate(fresh, h, logp, logq)
+                stats.allocated += len(fresh)
         for name in vars(stats):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
         return stats
@@ -173,52 +169,30 @@ class DriftBank:
     def _mark_valid(self, slots: list[int]) -> None:
         fresh = [s for s in slots if not self._valid_np[s]]
         if fresh:
-            self.valid[torch.tensor(fresh, device=self.valid.device)] = True
+            if self.view is not None:
+                self.view.valid[fresh] = True                                   # the tensor's memory
+            else:
+                self.valid[torch.tensor(fresh, device=self.valid.device)] = True
             self._valid_np[fresh] = True
             self.n_valid += len(fresh)
         self.hi = max(self.hi, max(slots) + 1)
 
-    # -- the same two steps on numpy views (CPU) ------------------------------------------------
+    # -- the same two steps in Rust on numpy views (CPU) ---------------------------------------
 
-    def _update_np(self, pos: list[int], slots: list[int], h, logp, logq) -> int:
-        lp, lq = logp[pos], logq[pos]                                           # [R, V]
-        refreshed = 0
-        bias = self.view.bias
-        if self.view.support is None:
-            lp, lq = lp - kernels_cpu._logsumexp(lp), lq - kernels_cpu._logsumexp(lq)
-            residual = np.clip(lp - lq, -reference.RESIDUAL_CLIP, reference.RESIDUAL_CLIP)
-        else:
-            sup, b = self.view.support[slots], bias[slots]                      # copies [R, m]
-            top = lp.argmax(axis=1)                                             # [R]
-            missing = np.flatnonzero(~(sup == top[:, None]).any(axis=1))
-            if missing.size:
-                weakest = np.abs(b[missing]).argmin(axis=1)
-                sup[missing, weakest] = top[missing]
-                b[missing, weakest] = 0.0
-                self.view.support[slots], bias[slots] = sup, b
-                refreshed = int(missing.size)
-            residual = kernels_cpu.support_residual(lp, lq, sup)
-        kernels_cpu.update_rows(self.view.keys, bias, self._counts_np, slots, residual, h[pos],
-                                self.cfg.eta, self.cfg.adaptive_rate)
-        return refreshed
-
-    def _allocate_np(self, pos: list[int], h, logp, logq) -> int:
-        pos, slots, evicted = self._new_slots(pos)
-        lp, lq, hs = logp[pos], logq[pos], h[pos]
-        lp, lq = lp - kernels_cpu._logsumexp(lp), lq - kernels_cpu._logsumexp(lq)   # normalised over V
-        self.view.keys[slots] = hs / np.maximum(np.linalg.norm(hs, axis=1, keepdims=True), reference.NORM_EPS)
-        if self.view.support is None:
-            self.view.bias[slots] = np.clip(lp - lq, -reference.RESIDUAL_CLIP, reference.RESIDUAL_CLIP)
-        else:
-            m = self.cfg.support
-            both = np.maximum(lp, lq)
-            sup = np.argpartition(-both, m - 1, axis=1)[:, :m] if m < both.shape[1] else np.tile(np.arange(m), (len(pos), 1))
-            sup = np.take_along_axis(sup, np.argsort(-np.take_along_axis(both, sup, 1), axis=1, kind="stable"), 1)
-            self.view.support[slots] = sup                                      # top-m by max(p, q), descending
-            self.view.bias[slots] = kernels_cpu.support_residual(lp, lq, sup)
-        self._counts_np[slots] = 1
-        self._mark_valid(slots)
-        return evicted
+    def _observe_cpu(self, stats: ObserveStats, matched: list[int], slots: list[int], fresh: list[int],
+                     h, logp, logq) -> None:
+        """Matched updates in position order (the rule itself: no occurrence rounds needed), then
+        the allocations, as `_update`/`_allocate` do them."""
+        h, logp, logq = (np.ascontiguousarray(t.detach().float().numpy()) for t in (h, logp, logq))
+        if matched:
+            stats.refreshed += self.view.update(matched, slots, h, logp, logq, self.cfg.eta, self.cfg.adaptive_rate)
+            stats.updated += len(matched)
+        if fresh:
+            pos, new, evicted = self._new_slots(fresh)
+            self.view.allocate(pos, new, h, logp, logq)
+            self._mark_valid(new)
+            stats.evicted += evicted
+            stats.allocated += len(fresh)
 
     # -- figures -----------------------------------------------------------------------------
 

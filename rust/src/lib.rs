@@ -2,6 +2,8 @@
 //! mapping of the core's error enum onto Python exception classes, and numpy in / out; no
 //! bookkeeping logic lives here.
 
+mod kernels;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -493,6 +495,12 @@ fn _bank(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(save_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(load_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(read_snapshot_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::drift_retrieve, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::drift_bias_add, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::drift_draft_step, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::drift_ema, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::drift_update, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::drift_allocate, m)?)?;
     m.add("SNAPSHOT_FORMAT_VERSION", FORMAT_VERSION)?;
     Ok(())
 }

@@ -1,11 +1,13 @@
 //! drift-bank-core: the host-side books of a DRIFT bank, with no Python types.
 //!
 //! - [`Books`]: slots, per-tenant / pool / global LRU lists, free stack, counters.
+//! - [`kernels`]: DRIFT's CPU arithmetic (retrieval + bias add, update, allocation) on slices.
 //! - [`state`]: the books as JSON, the one serialisation path for snapshots and pickling.
 //! - [`snapshot`]: safetensors snapshot files with the bank's arrays, checked on load.
 
 pub mod books;
 pub mod error;
+pub mod kernels;
 mod lru;
 pub mod snapshot;
 pub mod state;
