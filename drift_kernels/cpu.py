@@ -19,9 +19,16 @@ import torch
 from drift_kernels.reference import Neighbours
 
 
+_BANK = None
+
+
 def _ext():
-    from drift_cli import _bank  # the Rust extension (maturin), imported on first use
-    return _bank
+    """The Rust extension (maturin), imported on first use and kept."""
+    global _BANK
+    if _BANK is None:
+        from drift_cli import _bank
+        _BANK = _bank
+    return _BANK
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -81,23 +88,24 @@ class BankView:
         assert keys.dtype == torch.float32 and keys.device.type == "cpu"
         self.keys, self.valid, self.bias, self.counts = _np(keys), _np(valid), _np(bias), _np(counts)
         self.support = None if support is None else _np(support)
+        self.ext = _ext()
 
-    def adjust(self, h: torch.Tensor, z: torch.Tensor, hi: int, all_valid: bool, k: int, sigma: float,
+    def adjust(self, h: torch.Tensor, z: torch.Tensor, hi: int, all_valid: bool, k: int, inv: np.float32,
                gain: float) -> tuple[torch.Tensor, Neighbours]:
-        """h [Q, d], z [Q, V] fp32 -> (z + λβ, the neighbours); scans slots [0, hi)."""
-        out, idx, sim, w = _ext().drift_draft_step(
-            self.keys, None if all_valid else self.valid, self.support, self.bias, _f32(h), _f32(z), hi, k,
-            inv_two_sigma_sq(sigma), gain)
+        """h [Q, d], z [Q, V] fp32 -> (z + λβ, the neighbours); scans slots [0, hi).
+        inv = 1 / (2σ²) as fp32 (`inv_two_sigma_sq`)."""
+        out, idx, sim, w = self.ext.drift_draft_step(
+            self.keys, None if all_valid else self.valid, self.support, self.bias, _f32(h), _f32(z), hi, k, inv, gain)
         return torch.from_numpy(out), Neighbours(torch.from_numpy(idx), torch.from_numpy(sim), torch.from_numpy(w))
 
     def update(self, pos: list[int], slots: list[int], h: np.ndarray, logp: np.ndarray, logq: np.ndarray,
                eta: float, adaptive: bool) -> int:
         """Matched updates, (position, slot) pairs in order: support refresh, residual on the
         support, EMA. h [P, d], logp/logq [P, V] fp32 C-contiguous. Returns the refreshes."""
-        return _ext().drift_update(self.keys, self.support, self.bias, self.counts, h, logp, logq, pos, slots,
+        return self.ext.drift_update(self.keys, self.support, self.bias, self.counts, h, logp, logq, pos, slots,
                                    eta, adaptive)
 
     def allocate(self, pos: list[int], slots: list[int], h: np.ndarray, logp: np.ndarray,
                  logq: np.ndarray) -> None:
         """New prototypes in the given slots: K = ĥ, S = top-m of max(p, q), B = r on S, n = 1."""
-        _ext().drift_allocate(self.keys, self.support, self.bias, self.counts, h, logp, logq, pos, slots)
+        self.ext.drift_allocate(self.keys, self.support, self.bias, self.counts, h, logp, logq, pos, slots)

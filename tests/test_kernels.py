@@ -291,14 +291,15 @@ def test_cpu_update_matches_reference(adaptive):
 
 
 def test_cpu_bank_view_fuses_retrieval_and_bias_add():
-    from drift_kernels.cpu import BankView
+    from drift_kernels.cpu import BankView, inv_two_sigma_sq
     z, nb0, support, bias = make_bias_case(1, 60, 16, 500, 4, seed=11)
     keys, valid, g = make_bank(60, 24, torch.float32, seed=11, valid_share=0.8)
     h = torch.randn(1, 24, generator=g)
     support = support.long()                          # the bank keeps int64 ids
     view = BankView(keys, valid, support, bias, torch.zeros(60, dtype=torch.int64))
-    out, nb = view.adjust(h, z, hi=60, all_valid=False, k=4, sigma=0.4, gain=0.6)
+    inv = inv_two_sigma_sq(0.4)
+    out, nb = view.adjust(h, z, hi=60, all_valid=False, k=4, inv=inv, gain=0.6)
     assert torch.equal(nb.idx, reference.retrieve(h, keys, valid, 4, 0.4).idx)
     assert torch.equal(out, reference.bias_add(z, nb, support, bias, 0.6))
-    out2, nb2 = view.adjust(h, z, hi=30, all_valid=False, k=4, sigma=0.4, gain=0.6)   # only slots < 30
+    out2, nb2 = view.adjust(h, z, hi=30, all_valid=False, k=4, inv=inv, gain=0.6)   # only slots < 30
     assert bool((nb2.idx < 30).all()) and torch.equal(out2, reference.bias_add(z, nb2, support, bias, 0.6))

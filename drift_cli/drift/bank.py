@@ -21,6 +21,7 @@ import torch
 import drift_kernels
 from drift_cli.drift.config import DriftConfig
 from drift_kernels import Neighbours, reference
+from drift_kernels import cpu as kernels_cpu
 from drift_kernels.cpu import BankView
 from drift_kernels.ops import resolve
 
@@ -52,12 +53,16 @@ class DriftBank:
         self.bias = torch.zeros(n, m or vocab, dtype=torch.float32, device=device)
         self.counts = torch.zeros(n, dtype=torch.int64, device=device)
         self.valid = torch.zeros(n, dtype=torch.bool, device=device)
+        self._inv = kernels_cpu.inv_two_sigma_sq(cfg.sigma)
         self.view = BankView(self.keys, self.valid, self.support, self.bias, self.counts) \
             if resolve(self.keys, backend) == "cpu" and key_dtype == torch.float32 else None
         self._valid_np = np.zeros(n, dtype=bool)     # host mirror of `valid` (no device reads)
         self.n_valid = 0          # host-side count, so an empty bank costs no device work
         self.hi = 0               # 1 + the highest valid slot: retrieval scans keys[:hi] only
         self.totals = ObserveStats()
+        # (positions, slots) the books handed out in the last `observe`, in order, before a
+        # repeated slot is resolved (target-est mirrors allocations on its draft-space shadow)
+        self.last_allocation: tuple[list[int], list[int]] = ([], [])
 
     # -- draft step ---------------------------------------------------------------------------
 
@@ -75,7 +80,7 @@ class DriftBank:
         """h [Q, d], z [Q, V] -> (z + λβ, the neighbours): one fused call on the CPU path."""
         if self.view is not None:
             c = self.cfg
-            return self.view.adjust(h, z, self.hi, self.n_valid == self.hi, c.neighbors, c.sigma, c.gain)
+            return self.view.adjust(h, z, self.hi, self.n_valid == self.hi, c.neighbors, self._inv, c.gain)
         nb = self.retrieve(h)
         return (self.adjust(z, nb) if self.cfg.gain != 0.0 else z), nb
 
@@ -90,6 +95,7 @@ class DriftBank:
         normalised over V only where the vocabulary matters (allocation, full support).
         """
         stats = ObserveStats()
+        self.last_allocation = ([], [])
         if h.shape[0] == 0:
             return stats
         near, sims, w = (t.cpu().numpy() for t in (nb.idx, nb.sim, nb.weight))  # the one host read
@@ -163,6 +169,7 @@ class DriftBank:
             slot, ev = self.books.allocate(self.tenant)
             slots.append(int(slot))
             evicted += int(ev)
+        self.last_allocation = (list(pos), list(slots))
         keep = last_occurrence(slots)
         return [pos[i] for i in keep], [slots[i] for i in keep], evicted
 

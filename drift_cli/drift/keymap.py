@@ -151,24 +151,3 @@ class DraftShadow:
 
     def memory_bytes(self) -> int:
         return self.states.numel() * self.states.element_size()
-
-
-class AllocationLog:
-    """Wraps a bank's books for one `observe` call and records the slots `allocate` hands out, in
-    order (DriftBank.observe does not return them; see the report for the hook asked of bank.py)."""
-
-    def __init__(self, books) -> None:
-        self.books, self.slots = books, []
-
-    def allocate(self, tenant: str = "default"):
-        slot, evicted = self.books.allocate(tenant)
-        self.slots.append(int(slot))
-        return slot, evicted
-
-    def allocate_many(self, count: int, tenant: str = "default"):
-        out = self.books.allocate_many(count, tenant)
-        self.slots.extend(int(slot) for slot, _ in out)
-        return out
-
-    def __getattr__(self, name: str):
-        return getattr(self.books, name)

@@ -24,7 +24,7 @@ import torch
 
 from drift_cli.drift.bank import DriftBank
 from drift_cli.drift.config import KEYS, DriftConfig
-from drift_cli.drift.keymap import AllocationLog, DraftShadow, KeyMapSpec, RidgeKeyMap
+from drift_cli.drift.keymap import DraftShadow, KeyMapSpec, RidgeKeyMap
 from drift_cli.drift.snapshot import load_bank, save_bank
 from drift_cli.engine.sampling import Sampler
 from drift_cli.errors import BadInput
@@ -170,19 +170,13 @@ class DriftMethod(ModelDraftPolicy):
         bank, shadow = self.bank, self.shadows[self.tenant]
         idx, sim = nb.idx[:, 0].tolist(), nb.sim[:, 0].tolist()
         matched = [p for p in range(len(idx)) if idx[p] >= 0 and sim[p] >= self.cfg.tau]
-        fresh = [p for p in range(len(idx)) if not (idx[p] >= 0 and sim[p] >= self.cfg.tau)]
         slots = [idx[p] for p in matched]
         if matched:
             counts = (bank.counts.numpy()[slots] if bank.counts.device.type == "cpu"     # n_i before
                       else bank.counts[torch.tensor(slots, device=bank.counts.device)]).tolist()
             shadow.update(matched, slots, counts, hidden, self.cfg.eta, self.cfg.adaptive_rate)
-        log = AllocationLog(bank.books)
-        bank.books = log
-        try:
-            bank.observe(self._key(hidden), nb, logp, logq)
-        finally:
-            bank.books = log.books
-        shadow.allocate(fresh, log.slots, hidden)
+        bank.observe(self._key(hidden), nb, logp, logq)
+        shadow.allocate(*bank.last_allocation, hidden)
 
     def _learn_key_map(self, feedback: Feedback) -> None:
         """Add this iteration's (draft, target) pairs; at a (re)fit create or re-key the tenant's bank.
@@ -213,7 +207,9 @@ class DriftMethod(ModelDraftPolicy):
         """The draft step's retrievals for the k drafted positions, as [B·k, neighbours] (batch-major)."""
         kn, dev = self.cfg.neighbors, self.device
         steps = [nb if nb is not None else _no_neighbours(b, kn, dev) for nb in self._pending[:k]]
-        if dev.type == "cpu":   # numpy stacking: a few µs instead of three torch calls
+        if dev.type == "cpu" and b == 1:   # [1, kn] rows: concatenating is already batch-major
+            stack = lambda name: torch.from_numpy(np.concatenate([getattr(nb, name).numpy() for nb in steps]))  # noqa: E731
+        elif dev.type == "cpu":            # numpy stacking: a few µs instead of three torch calls
             stack = lambda name: torch.from_numpy(  # noqa: E731
                 np.stack([getattr(nb, name).numpy() for nb in steps], 1).reshape(b * k, kn))
         else:
