@@ -144,15 +144,14 @@ def drift_ema(keys: npt.NDArray[numpy.float32], bias: npt.NDArray[numpy.float32]
               eta: float, adaptive: bool) -> None:
     """The EMA step for row i of residual/h into slots[i], in order, in place."""
 
-def drift_update(keys: npt.NDArray[numpy.float32], support: npt.NDArray[numpy.int64] | None,
-                 bias: npt.NDArray[numpy.float32], counts: npt.NDArray[numpy.int64], h: npt.NDArray[numpy.float32],
-                 logp: npt.NDArray[numpy.float32], logq: npt.NDArray[numpy.float32], pos: Sequence[int],
-                 slots: Sequence[int], eta: float, adaptive: bool) -> int:
-    """Matched updates for (pos[i], slots[i]) in order: support refresh, residual on the support,
-    EMA. Returns the number of support refreshes."""
-
-def drift_allocate(keys: npt.NDArray[numpy.float32], support: npt.NDArray[numpy.int64] | None,
-                   bias: npt.NDArray[numpy.float32], counts: npt.NDArray[numpy.int64], h: npt.NDArray[numpy.float32],
-                   logp: npt.NDArray[numpy.float32], logq: npt.NDArray[numpy.float32], pos: Sequence[int],
-                   slots: Sequence[int]) -> None:
-    """New prototypes for (pos[i], slots[i]) in order: K = ĥ, S = top-m of max(p, q), B = r on S, n = 1."""
+def drift_observe(books: Books, tenant: str, keys: npt.NDArray[numpy.float32], support: npt.NDArray[numpy.int64] | None,
+                  bias: npt.NDArray[numpy.float32], counts: npt.NDArray[numpy.int64], valid: npt.NDArray[numpy.bool_],
+                  h: npt.NDArray[numpy.float32], logp: npt.NDArray[numpy.float32], logq: npt.NDArray[numpy.float32],
+                  idx: npt.NDArray[numpy.int64], sim: npt.NDArray[numpy.float32], weight: npt.NDArray[numpy.float32],
+                  tau: float, eta: float, adaptive: bool, used_weight: float,
+                  ) -> tuple[int, int, int, list[tuple[int, int]], list[int]]:
+    """One iteration's DRIFT update with the books, drafted positions in order, in place: match
+    (nearest within tau), touch the used slots once each, matched updates (support refresh,
+    residual, EMA), one allocation per other position (K = ĥ, S = top-m of max(p, q), B = r on S,
+    n = 1), mark new slots valid. idx/sim/weight [P, k] are the draft step's retrievals.
+    Returns (updated, refreshed, evicted, [(position, slot)] allocated in order, slots made valid)."""

@@ -37,7 +37,9 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 def _f32(t: torch.Tensor) -> np.ndarray:
     """A C-contiguous fp32 numpy array of a CPU tensor (a view when it already is one)."""
-    return np.ascontiguousarray(_np(t if t.dtype == torch.float32 else t.float()))
+    if t.dtype != torch.float32 or t.requires_grad:
+        t = t.detach().float()
+    return np.ascontiguousarray(t.numpy())
 
 
 def _i64(t: torch.Tensor) -> np.ndarray:
@@ -46,6 +48,11 @@ def _i64(t: torch.Tensor) -> np.ndarray:
 
 def inv_two_sigma_sq(sigma: float) -> np.float32:
     return np.float32(1.0 / (2.0 * sigma * sigma))
+
+
+def _no_neighbours(rows: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (np.full((rows, k), -1, dtype=np.int64), np.full((rows, k), -np.inf, dtype=np.float32),
+            np.zeros((rows, k), dtype=np.float32))
 
 
 def _neighbours(idx: np.ndarray, sim: np.ndarray, w: np.ndarray, device) -> Neighbours:
@@ -81,31 +88,68 @@ def update(keys: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor, slots: 
 
 class BankView:
     """numpy views of a CPU bank's fp32 tensors (shared memory: in-place torch writes are seen
-    and vice versa), with the bank's three steps as one Rust call each."""
+    and vice versa), with the bank's steps as one Rust call each. The draft steps of one
+    iteration write their retrievals into the view's own buffers (rows in draft order), which
+    `pending` hands to the update: no per-token arrays."""
 
     def __init__(self, keys: torch.Tensor, valid: torch.Tensor, support: torch.Tensor | None,
-                 bias: torch.Tensor, counts: torch.Tensor) -> None:
+                 bias: torch.Tensor, counts: torch.Tensor, k: int) -> None:
         assert keys.dtype == torch.float32 and keys.device.type == "cpu"
         self.keys, self.valid, self.bias, self.counts = _np(keys), _np(valid), _np(bias), _np(counts)
         self.support = None if support is None else _np(support)
         self.ext = _ext()
+        self._step = self.ext.drift_draft_step
+        self.k, self.rows = k, 0
+        self.idx, self.sim, self.weight = _no_neighbours(16, k)
 
-    def adjust(self, h: torch.Tensor, z: torch.Tensor, hi: int, all_valid: bool, k: int, inv: np.float32,
-               gain: float) -> tuple[torch.Tensor, Neighbours]:
-        """h [Q, d], z [Q, V] fp32 -> (z + λβ, the neighbours); scans slots [0, hi).
-        inv = 1 / (2σ²) as fp32 (`inv_two_sigma_sq`)."""
-        out, idx, sim, w = self.ext.drift_draft_step(
-            self.keys, None if all_valid else self.valid, self.support, self.bias, _f32(h), _f32(z), hi, k, inv, gain)
-        return torch.from_numpy(out), Neighbours(torch.from_numpy(idx), torch.from_numpy(sim), torch.from_numpy(w))
+    def begin(self) -> None:
+        """A new proposal: forget the retrievals of the last one."""
+        self.rows = 0
 
-    def update(self, pos: list[int], slots: list[int], h: np.ndarray, logp: np.ndarray, logq: np.ndarray,
-               eta: float, adaptive: bool) -> int:
-        """Matched updates, (position, slot) pairs in order: support refresh, residual on the
-        support, EMA. h [P, d], logp/logq [P, V] fp32 C-contiguous. Returns the refreshes."""
-        return self.ext.drift_update(self.keys, self.support, self.bias, self.counts, h, logp, logq, pos, slots,
-                                   eta, adaptive)
+    def _grow(self, rows: int) -> None:
+        grown = _no_neighbours(2 * rows, self.k)
+        for old, new in zip((self.idx, self.sim, self.weight), grown):
+            new[:self.rows] = old[:self.rows]
+        self.idx, self.sim, self.weight = grown
 
-    def allocate(self, pos: list[int], slots: list[int], h: np.ndarray, logp: np.ndarray,
-                 logq: np.ndarray) -> None:
-        """New prototypes in the given slots: K = ĥ, S = top-m of max(p, q), B = r on S, n = 1."""
-        self.ext.drift_allocate(self.keys, self.support, self.bias, self.counts, h, logp, logq, pos, slots)
+    def adjust(self, h: torch.Tensor, z: torch.Tensor, hi: int, all_valid: bool, inv: np.float32,
+               gain: float) -> torch.Tensor:
+        """h [Q, d], z [Q, V] fp32 -> z + λβ; scans slots [0, hi) and records the retrievals.
+        inv = 1 / (2σ²) as fp32 (`inv_two_sigma_sq`). (The per-token path: kept to one call.)"""
+        q, r = h.shape[0], self.rows
+        if r + q > len(self.idx):
+            self._grow(r + q)
+        self.rows = r + q
+        out = self._step(self.keys, None if all_valid else self.valid, self.support, self.bias, _f32(h), _f32(z),
+                         hi, inv, gain, self.idx[r:r + q], self.sim[r:r + q], self.weight[r:r + q])
+        return torch.from_numpy(out)
+
+    def skip(self, q: int) -> None:
+        """Q draft rows without a retrieval (an empty bank)."""
+        r = self.rows
+        if r + q > len(self.idx):
+            self._grow(r + q)
+        self.rows = r + q
+        self.idx[r:r + q], self.sim[r:r + q], self.weight[r:r + q] = -1, -np.inf, 0.0
+
+    def pending(self, b: int, steps: int) -> Neighbours:
+        """The first `steps` draft steps' retrievals for a batch of b, as [b·steps, k] batch-major
+        (rows were recorded step-major)."""
+        n = b * steps
+        assert n <= self.rows, "fewer draft rows recorded than positions to update"
+        if b == 1:
+            return Neighbours(self.idx[:n], self.sim[:n], self.weight[:n])
+        order = lambda x: np.ascontiguousarray(x[:n].reshape(steps, b, self.k).transpose(1, 0, 2)).reshape(n, self.k)  # noqa: E731
+        return Neighbours(order(self.idx), order(self.sim), order(self.weight))
+
+    def owns(self, books) -> bool:
+        """Whether `observe` can drive these books (the extension's own `Books`)."""
+        return isinstance(books, self.ext.Books)
+
+    def observe(self, books, tenant: str, h: np.ndarray, logp: np.ndarray, logq: np.ndarray, idx: np.ndarray,
+                sim: np.ndarray, weight: np.ndarray, tau: float, eta: float, adaptive: bool, used_weight: float):
+        """One iteration's update with the books, in place (see `kernels.rs::observe`). h [P, d],
+        logp/logq [P, V] fp32, idx/sim/weight [P, k] the draft step's retrievals.
+        Returns (updated, refreshed, evicted, [(position, slot)] allocated, slots made valid)."""
+        return self.ext.drift_observe(books, tenant, self.keys, self.support, self.bias, self.counts, self.valid,
+                                      h, logp, logq, idx, sim, weight, tau, eta, adaptive, used_weight)

@@ -19,7 +19,8 @@ RESIDUAL_CLIP = 10.0  # residuals are clipped to ±10 (DESIGN.md)
 
 @dataclass
 class Neighbours:
-    """The k nearest prototypes of each query, most similar first."""
+    """The k nearest prototypes of each query, most similar first. (The CPU path of a bank
+    keeps them as numpy arrays of the same shapes and dtypes: they only go back into the bank.)"""
 
     idx: torch.Tensor     # [Q, k] int64 slot ids; -1 where fewer than k slots are valid
     sim: torch.Tensor     # [Q, k] fp32 cosine similarity; -inf where idx == -1

@@ -7,7 +7,6 @@ compared bit for bit.
 
 import os
 
-import numpy as np
 import pytest
 import torch
 
@@ -296,10 +295,27 @@ def test_cpu_bank_view_fuses_retrieval_and_bias_add():
     keys, valid, g = make_bank(60, 24, torch.float32, seed=11, valid_share=0.8)
     h = torch.randn(1, 24, generator=g)
     support = support.long()                          # the bank keeps int64 ids
-    view = BankView(keys, valid, support, bias, torch.zeros(60, dtype=torch.int64))
+    view = BankView(keys, valid, support, bias, torch.zeros(60, dtype=torch.int64), k=4)
     inv = inv_two_sigma_sq(0.4)
-    out, nb = view.adjust(h, z, hi=60, all_valid=False, k=4, inv=inv, gain=0.6)
-    assert torch.equal(nb.idx, reference.retrieve(h, keys, valid, 4, 0.4).idx)
-    assert torch.equal(out, reference.bias_add(z, nb, support, bias, 0.6))
-    out2, nb2 = view.adjust(h, z, hi=30, all_valid=False, k=4, inv=inv, gain=0.6)   # only slots < 30
-    assert bool((nb2.idx < 30).all()) and torch.equal(out2, reference.bias_add(z, nb2, support, bias, 0.6))
+    as_torch = lambda nb: reference.Neighbours(*(torch.from_numpy(a.copy()) for a in (nb.idx, nb.sim, nb.weight)))  # noqa: E731
+    view.begin()
+    out = view.adjust(h, z, hi=60, all_valid=False, inv=inv, gain=0.6)
+    view.skip(1)                                      # a step without retrieval records an empty row
+    for _ in range(20):                               # the record grows past its first buffer
+        out2 = view.adjust(h, z, hi=30, all_valid=False, inv=inv, gain=0.6)   # only slots < 30
+    nb = as_torch(view.pending(1, 22))
+    want = reference.retrieve(h, keys, valid, 4, 0.4)
+    assert torch.equal(nb.idx[0], want.idx[0]) and nb.idx[1].tolist() == [-1] * 4
+    torch.testing.assert_close(nb.weight[:1], want.weight, atol=1e-6, rtol=0)
+    assert torch.equal(out, reference.bias_add(z, reference.Neighbours(nb.idx[:1], nb.sim[:1], nb.weight[:1]),
+                                               support, bias, 0.6))
+    assert bool((nb.idx[2:] < 30).all()) and bool((nb.idx[2:] == nb.idx[2]).all())
+    last = reference.Neighbours(nb.idx[21:], nb.sim[21:], nb.weight[21:])
+    assert torch.equal(out2, reference.bias_add(z, last, support, bias, 0.6))
+    # batch-major order for a batch of 2: rows were recorded step-major (step 0: b0, b1; step 1: ...)
+    view.begin()
+    view.skip(2)
+    view.adjust(torch.cat([h, h]), torch.cat([z, z]), hi=60, all_valid=False, inv=inv, gain=0.6)
+    two = view.pending(2, 2)
+    assert two.idx[0].tolist() == [-1] * 4 and two.idx[1].tolist() == want.idx[0].tolist()
+    assert two.idx[2].tolist() == [-1] * 4 and two.idx[3].tolist() == want.idx[0].tolist()

@@ -53,10 +53,11 @@ class DriftBank:
         self.bias = torch.zeros(n, m or vocab, dtype=torch.float32, device=device)
         self.counts = torch.zeros(n, dtype=torch.int64, device=device)
         self.valid = torch.zeros(n, dtype=torch.bool, device=device)
-        self._inv = kernels_cpu.inv_two_sigma_sq(cfg.sigma)
-        self.view = BankView(self.keys, self.valid, self.support, self.bias, self.counts) \
+        self._inv, self._gain = kernels_cpu.inv_two_sigma_sq(cfg.sigma), cfg.gain
+        self.view = BankView(self.keys, self.valid, self.support, self.bias, self.counts, cfg.neighbors) \
             if resolve(self.keys, backend) == "cpu" and key_dtype == torch.float32 else None
-        self._valid_np = np.zeros(n, dtype=bool)     # host mirror of `valid` (no device reads)
+        # host mirror of `valid` (no device reads); on the CPU path the tensor's own memory
+        self._valid_np = self.view.valid if self.view is not None else np.zeros(n, dtype=bool)
         self.n_valid = 0          # host-side count, so an empty bank costs no device work
         self.hi = 0               # 1 + the highest valid slot: retrieval scans keys[:hi] only
         self.totals = ObserveStats()
@@ -76,13 +77,28 @@ class DriftBank:
         """z [Q, V] sampling-space logits -> z + λβ."""
         return drift_kernels.bias_add(z, nb, self.support, self.bias, self.cfg.gain, backend=self.backend)
 
-    def draft_step(self, h: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, Neighbours]:
-        """h [Q, d], z [Q, V] -> (z + λβ, the neighbours): one fused call on the CPU path."""
+    def begin_draft(self) -> None:
+        """A new proposal (the CPU path records its retrievals itself)."""
         if self.view is not None:
-            c = self.cfg
-            return self.view.adjust(h, z, self.hi, self.n_valid == self.hi, c.neighbors, self._inv, c.gain)
+            self.view.begin()
+
+    def draft_step(self, h: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, Neighbours | None]:
+        """h [Q, d], z [Q, V] -> (z + λβ, the neighbours). The CPU path is one fused call that
+        records the neighbours itself (returns None for them; see `drafted`)."""
+        if self.view is not None:
+            return self.view.adjust(h, z, self.hi, self.n_valid == self.hi, self._inv, self._gain), None
         nb = self.retrieve(h)
         return (self.adjust(z, nb) if self.cfg.gain != 0.0 else z), nb
+
+    def skip_draft(self, q: int) -> None:
+        """Q draft rows with nothing to retrieve (an empty bank)."""
+        if self.view is not None:
+            self.view.skip(q)
+
+    def drafted(self, b: int, steps: int) -> Neighbours | None:
+        """The CPU path's recorded retrievals of the first `steps` draft steps, [b·steps, k]
+        batch-major; None on the other paths (the caller keeps what `draft_step` returned)."""
+        return self.view.pending(b, steps) if self.view is not None else None
 
     # -- update after verification --------------------------------------------------------------
 
@@ -98,7 +114,18 @@ class DriftBank:
         self.last_allocation = ([], [])
         if h.shape[0] == 0:
             return stats
-        near, sims, w = (t.cpu().numpy() for t in (nb.idx, nb.sim, nb.weight))  # the one host read
+        if self.view is not None and self.view.owns(self.books):
+            self._observe_native(stats, h, nb, logp, logq)
+        else:
+            self._observe_torch(stats, h, nb, logp, logq)
+        for name in vars(stats):
+            setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
+        return stats
+
+    def _observe_torch(self, stats: ObserveStats, h, nb: Neighbours, logp, logq) -> None:
+        """The update in tensor ops (devices, and the reference on the CPU): matched positions in
+        occurrence rounds (batched; equal to position order), then the allocations."""
+        near, sims, w = (host(t) for t in (nb.idx, nb.sim, nb.weight))  # the one host read
         idx, sim = near[:, 0].tolist(), sims[:, 0].tolist()
         w, near = w.tolist(), near.tolist()
         matched = [p for p in range(len(idx)) if idx[p] >= 0 and sim[p] >= self.cfg.tau]
@@ -107,19 +134,13 @@ class DriftBank:
         used += [idx[p] for p in matched]
         if used:
             self.books.touch([used[i] for i in last_occurrence(used)])   # one hit per slot per iteration
-        if self.view is not None:                   # CPU: one Rust call per half
-            self._observe_cpu(stats, matched, [idx[p] for p in matched], fresh, h, logp, logq)
-        else:
-            for rnd in occurrence_rounds([idx[p] for p in matched]):
-                pos = [matched[i] for i in rnd]
-                stats.refreshed += self._update(pos, [idx[p] for p in pos], h, logp, logq)
-                stats.updated += len(pos)
-            if fresh:
-                stats.evicted += self._allocate(fresh, h, logp, logq)
-                stats.allocated += len(fresh)
-        for name in vars(stats):
-            setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
-        return stats
+        for rnd in occurrence_rounds([idx[p] for p in matched]):
+            pos = [matched[i] for i in rnd]
+            stats.refreshed += self._update(pos, [idx[p] for p in pos], h, logp, logq)
+            stats.updated += len(pos)
+        if fresh:
+            stats.evicted += self._allocate(fresh, h, logp, logq)
+            stats.allocated += len(fresh)
 
     def _update(self, pos: list[int], slots: list[int], h, logp, logq) -> int:
         """EMA update of distinct slots (one occurrence round). Returns the number of refreshes."""
@@ -184,22 +205,22 @@ class DriftBank:
             self.n_valid += len(fresh)
         self.hi = max(self.hi, max(slots) + 1)
 
-    # -- the same two steps in Rust on numpy views (CPU) ---------------------------------------
+    # -- the same steps in one Rust call (CPU) --------------------------------------------------
 
-    def _observe_cpu(self, stats: ObserveStats, matched: list[int], slots: list[int], fresh: list[int],
-                     h, logp, logq) -> None:
-        """Matched updates in position order (the rule itself: no occurrence rounds needed), then
-        the allocations, as `_update`/`_allocate` do them."""
-        h, logp, logq = (np.ascontiguousarray(t.detach().float().numpy()) for t in (h, logp, logq))
-        if matched:
-            stats.refreshed += self.view.update(matched, slots, h, logp, logq, self.cfg.eta, self.cfg.adaptive_rate)
-            stats.updated += len(matched)
-        if fresh:
-            pos, new, evicted = self._new_slots(fresh)
-            self.view.allocate(pos, new, h, logp, logq)
-            self._mark_valid(new)
-            stats.evicted += evicted
-            stats.allocated += len(fresh)
+    def _observe_native(self, stats: ObserveStats, h, nb: Neighbours, logp, logq) -> None:
+        """`drift_bank_core::kernels::observe`: the steps of `_observe_torch` with the books, in
+        position order, in one call on the tensors' memory."""
+        c = self.cfg
+        arrays = [np.ascontiguousarray(t.detach().float().numpy()) for t in (h, logp, logq)]
+        arrays += [np.ascontiguousarray(host(t)) for t in (nb.idx, nb.sim, nb.weight)]
+        updated, refreshed, evicted, allocations, newly_valid = self.view.observe(
+            self.books, self.tenant, *arrays, c.tau, c.eta, c.adaptive_rate, USED_WEIGHT)
+        stats.updated, stats.refreshed, stats.evicted, stats.allocated = updated, refreshed, evicted, len(allocations)
+        if allocations:
+            pos, slots = (list(x) for x in zip(*allocations))
+            self.last_allocation = (pos, slots)
+            self.n_valid += len(newly_valid)
+            self.hi = max(self.hi, max(slots) + 1)
 
     # -- figures -----------------------------------------------------------------------------
 
@@ -213,6 +234,11 @@ class DriftBank:
         out.update({"valid": self.n_valid, "updates": self.totals.updated, "allocations_seen": self.totals.allocated,
                     "support_refreshes": self.totals.refreshed, "memory_bytes": self.memory_bytes()})
         return out
+
+
+def host(t: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A host array of neighbour data (the CPU path keeps it in numpy already)."""
+    return t if isinstance(t, np.ndarray) else t.cpu().numpy()
 
 
 def _normalised(logits: torch.Tensor) -> torch.Tensor:

@@ -119,14 +119,19 @@ class DriftMethod(ModelDraftPolicy):
 
     def propose(self, context: torch.Tensor, gamma: int, sampler: Sampler) -> Proposal:
         self._pending = []
+        if self.bank is not None:
+            self.bank.begin_draft()
         return super().propose(context, gamma, sampler)
 
     def adjust(self, hidden: torch.Tensor, logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
         """hidden [B, d], sampling-space logits [B, V] -> logits + λβ (unchanged while the bank is empty)."""
-        if self.bank is None or self.bank.n_valid == 0:
+        bank = self.bank
+        if bank is None or bank.n_valid == 0:
+            if bank is not None:
+                bank.skip_draft(logits.shape[0])
             self._pending.append(None)
             return logits
-        adjusted, nb = self.bank.draft_step(self._key(hidden), logits)
+        adjusted, nb = bank.draft_step(self.keymaps[self.tenant].map(hidden) if self.target_keyed else hidden, logits)
         self._pending.append(nb)
         return adjusted
 
@@ -205,11 +210,12 @@ class DriftMethod(ModelDraftPolicy):
 
     def _neighbours(self, b: int, k: int) -> Neighbours:
         """The draft step's retrievals for the k drafted positions, as [B·k, neighbours] (batch-major)."""
+        recorded = self.bank.drafted(b, k)
+        if recorded is not None:
+            return recorded
         kn, dev = self.cfg.neighbors, self.device
         steps = [nb if nb is not None else _no_neighbours(b, kn, dev) for nb in self._pending[:k]]
-        if dev.type == "cpu" and b == 1:   # [1, kn] rows: concatenating is already batch-major
-            stack = lambda name: torch.from_numpy(np.concatenate([getattr(nb, name).numpy() for nb in steps]))  # noqa: E731
-        elif dev.type == "cpu":            # numpy stacking: a few µs instead of three torch calls
+        if dev.type == "cpu":            # numpy stacking: a few µs instead of three torch calls
             stack = lambda name: torch.from_numpy(  # noqa: E731
                 np.stack([getattr(nb, name).numpy() for nb in steps], 1).reshape(b * k, kn))
         else:

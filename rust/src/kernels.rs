@@ -2,7 +2,7 @@
 //! the arithmetic lives in the core. Arrays must be C-contiguous (the Python side passes views
 //! of contiguous torch tensors), and the bank arrays are written in place.
 
-use drift_bank_core::kernels::{self, BankArrays, Positions, Support};
+use drift_bank_core::kernels::{self, BankArrays, Positions, Retrieved, Rule, Support};
 use numpy::{
     PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1,
     PyReadwriteArray2, PyUntypedArrayMethods,
@@ -90,13 +90,6 @@ type Found<'py> = (
     Bound<'py, PyArray2<f32>>,
     Bound<'py, PyArray2<f32>>,
 );
-/// (logits [Q, V], idx, sim, weight).
-type Stepped<'py> = (
-    Bound<'py, PyArray2<f32>>,
-    Bound<'py, PyArray2<i64>>,
-    Bound<'py, PyArray2<f32>>,
-    Bound<'py, PyArray2<f32>>,
-);
 
 /// What the bias add needs besides the neighbours: support, bias, z, out, λ.
 type BiasArgs<'a> = (Support<'a>, &'a [f32], &'a [f32], &'a mut [f32], f32);
@@ -109,26 +102,18 @@ fn new_found<'py>(py: Python<'py>, q: usize, k: usize) -> Found<'py> {
     )
 }
 
+/// Where retrievals go: idx, sim, weight, each [Q, k] row-major.
+type FoundSlices<'a> = (&'a mut [i64], &'a mut [f32], &'a mut [f32]);
+
 /// Retrieval for each query row, then (when `bias` is given) the bias add into `out`.
-#[allow(clippy::too_many_arguments)]
 fn draft_rows(
     keys: &Keys<'_>,
     h: &[f32],
     k: usize,
     inv_two_sigma_sq: f32,
-    found: &Found<'_>,
+    (i, s, w): FoundSlices<'_>,
     bias: Option<BiasArgs<'_>>,
-) -> PyResult<()> {
-    let (mut i, mut s, mut w) = (
-        found.0.readwrite(),
-        found.1.readwrite(),
-        found.2.readwrite(),
-    );
-    let (i, s, w) = (
-        contiguous("idx", i.as_slice_mut())?,
-        contiguous("sim", s.as_slice_mut())?,
-        contiguous("weight", w.as_slice_mut())?,
-    );
+) {
     let d = keys.dim;
     let mut scratch = Vec::with_capacity(keys.keys.len() / d.max(1));
     let q = h.len() / d.max(1);
@@ -162,7 +147,6 @@ fn draft_rows(
             );
         }
     }
-    Ok(())
 }
 
 /// Retrieval only: (idx, sim, weight) [Q, k] over slots [0, hi).
@@ -183,14 +167,26 @@ pub fn drift_retrieve<'py>(
         format!("h has {dh} columns, keys {}", keys.dim)
     })?;
     let found = new_found(py, q, k);
-    draft_rows(
-        &keys,
-        contiguous("h", h.as_slice())?,
-        k,
-        inv_two_sigma_sq,
-        &found,
-        None,
-    )?;
+    {
+        let (mut i, mut s, mut w) = (
+            found.0.readwrite(),
+            found.1.readwrite(),
+            found.2.readwrite(),
+        );
+        let slices = (
+            contiguous("idx", i.as_slice_mut())?,
+            contiguous("sim", s.as_slice_mut())?,
+            contiguous("weight", w.as_slice_mut())?,
+        );
+        draft_rows(
+            &keys,
+            contiguous("h", h.as_slice())?,
+            k,
+            inv_two_sigma_sq,
+            slices,
+            None,
+        );
+    }
     Ok(found)
 }
 
@@ -243,10 +239,10 @@ pub fn drift_bias_add<'py>(
     Ok(out)
 }
 
-/// One draft step for Q queries: retrieval over slots [0, hi), then z + λβ.
-/// Returns (logits [Q, V], idx [Q, k], sim [Q, k], weight [Q, k]) as new arrays.
+/// One draft step for Q queries: retrieval over slots [0, hi) into idx/sim/weight [Q, k] (the
+/// caller's arrays, written in place), then z + λβ, returned as a new array [Q, V].
 #[pyfunction]
-#[pyo3(signature = (keys, valid, support, bias, h, z, hi, k, inv_two_sigma_sq, gain))]
+#[pyo3(signature = (keys, valid, support, bias, h, z, hi, inv_two_sigma_sq, gain, idx, sim, weight))]
 #[allow(clippy::too_many_arguments)]
 pub fn drift_draft_step<'py>(
     py: Python<'py>,
@@ -257,41 +253,45 @@ pub fn drift_draft_step<'py>(
     h: PyReadonlyArray2<'py, f32>,
     z: PyReadonlyArray2<'py, f32>,
     hi: usize,
-    k: usize,
     inv_two_sigma_sq: f32,
     gain: f32,
-) -> PyResult<Stepped<'py>> {
+    mut idx: PyReadwriteArray2<'py, i64>,
+    mut sim: PyReadwriteArray2<'py, f32>,
+    mut weight: PyReadwriteArray2<'py, f32>,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
     let keys_v = key_views(&keys, &valid, hi)?;
-    let ([q, dh], [qz, v]) = (dims2(h.shape()), dims2(z.shape()));
-    check(dh == keys_v.dim && q == qz, || {
+    let ([q, dh], [qz, v], [qi, k]) = (dims2(h.shape()), dims2(z.shape()), dims2(idx.shape()));
+    check(dh == keys_v.dim && q == qz && qi == q, || {
         format!(
-            "h [{q}, {dh}], z [{qz}, {v}] and keys [.., {}] disagree",
+            "h [{q}, {dh}], z [{qz}, {v}], idx [{qi}, {k}] and keys [.., {}] disagree",
             keys_v.dim
         )
     })?;
+    check(
+        dims2(sim.shape()) == [q, k] && dims2(weight.shape()) == [q, k],
+        || "idx, sim and weight differ in shape".into(),
+    )?;
     check(dims2(bias.shape())[0] == dims2(keys.shape())[0], || {
         "bias and keys disagree on N".into()
     })?;
     let (support, b) = bias_views(&support, &bias, v)?;
     let z = contiguous("z", z.as_slice())?;
-    let out = PyArray2::<f32>::zeros(py, [q, v], false);
-    let found = new_found(py, q, k);
+    let slices = (
+        contiguous("idx", idx.as_slice_mut())?,
+        contiguous("sim", sim.as_slice_mut())?,
+        contiguous("weight", weight.as_slice_mut())?,
+    );
+    let h = contiguous("h", h.as_slice())?;
+    // SAFETY: a fresh array, written only here before Python sees it
+    let out = unsafe { PyArray2::<f32>::new(py, [q, v], false) };
     {
         let mut o = out.readwrite();
         let o = contiguous("out", o.as_slice_mut())?;
         o.copy_from_slice(z);
         let bias = (gain != 0.0).then_some((support, b, z, o, gain));
-        draft_rows(
-            &keys_v,
-            contiguous("h", h.as_slice())?,
-            k,
-            inv_two_sigma_sq,
-            &found,
-            bias,
-        )?;
+        draft_rows(&keys_v, h, k, inv_two_sigma_sq, slices, bias);
     }
-    let (idx, sim, w) = found;
-    Ok((out, idx, sim, w))
+    Ok(out)
 }
 
 /// The EMA step alone from given residuals [P, width], positions in order (rows of `h` pair
@@ -354,13 +354,11 @@ struct Inputs<'py> {
     logq: PyReadonlyArray2<'py, f32>,
 }
 
-/// Checks shapes and (position, slot) pairs, then runs `f` on the core's views.
+/// Checks shapes, then runs `f` on the core's views.
 fn with_views<R>(
     bank: &mut Bank<'_>,
     x: &Inputs<'_>,
-    pos: &[usize],
-    slots: &[usize],
-    f: impl FnOnce(&mut BankArrays<'_>, &Positions<'_>, &[(usize, usize)]) -> R,
+    f: impl FnOnce(&mut BankArrays<'_>, &Positions<'_>) -> R,
 ) -> PyResult<R> {
     let ([n, d], [p, dh]) = (dims2(bank.keys.shape()), dims2(x.h.shape()));
     let ([pp, v], [pq, vq]) = (dims2(x.logp.shape()), dims2(x.logq.shape()));
@@ -379,14 +377,6 @@ fn with_views<R>(
             format!("a full-vocabulary bias needs {v} columns")
         })?,
     }
-    check(pos.len() == slots.len(), || {
-        "pos and slots differ in length".into()
-    })?;
-    check(
-        pos.iter().all(|&i| i < p) && slots.iter().all(|&s| s < n),
-        || "a position or slot is out of range".into(),
-    )?;
-    let pairs: Vec<(usize, usize)> = pos.iter().copied().zip(slots.iter().copied()).collect();
     let positions = Positions {
         h: contiguous("h", x.h.as_slice())?,
         logp: contiguous("logp", x.logp.as_slice())?,
@@ -403,26 +393,67 @@ fn with_views<R>(
         counts: contiguous("counts", bank.counts.as_slice_mut())?,
         dim: d,
     };
-    Ok(f(&mut arrays, &positions, &pairs))
+    Ok(f(&mut arrays, &positions))
 }
 
-/// The matched update for (position, slot) pairs in order, in place. Returns the refreshes.
+type ObserveResult = (usize, usize, usize, Vec<(usize, usize)>, Vec<usize>);
+
+/// One iteration's whole update with the books (`drift_bank_core::kernels::observe`), in place.
+/// idx/sim/weight [P, k] are the draft step's retrievals. Returns (updated, refreshed, evicted,
+/// allocations [(position, slot)] in order, slots that became valid).
 #[pyfunction]
-#[pyo3(signature = (keys, support, bias, counts, h, logp, logq, pos, slots, eta, adaptive))]
+#[pyo3(signature = (books, tenant, keys, support, bias, counts, valid, h, logp, logq, idx, sim, weight,
+                    tau, eta, adaptive, used_weight))]
 #[allow(clippy::too_many_arguments)]
-pub fn drift_update<'py>(
+pub fn drift_observe<'py>(
+    mut books: PyRefMut<'py, crate::PyBooks>,
+    tenant: &str,
     keys: PyReadwriteArray2<'py, f32>,
     support: Option<PyReadwriteArray2<'py, i64>>,
     bias: PyReadwriteArray2<'py, f32>,
     counts: PyReadwriteArray1<'py, i64>,
+    mut valid: PyReadwriteArray1<'py, bool>,
     h: PyReadonlyArray2<'py, f32>,
     logp: PyReadonlyArray2<'py, f32>,
     logq: PyReadonlyArray2<'py, f32>,
-    pos: Vec<usize>,
-    slots: Vec<usize>,
+    idx: PyReadonlyArray2<'py, i64>,
+    sim: PyReadonlyArray2<'py, f32>,
+    weight: PyReadonlyArray2<'py, f32>,
+    tau: f64,
     eta: f64,
     adaptive: bool,
-) -> PyResult<usize> {
+    used_weight: f64,
+) -> PyResult<ObserveResult> {
+    let n = dims2(keys.shape())[0];
+    let [p, k] = dims2(idx.shape());
+    check(
+        dims2(sim.shape()) == [p, k] && dims2(weight.shape()) == [p, k],
+        || "idx, sim and weight differ in shape".into(),
+    )?;
+    check(dims2(h.shape())[0] == p, || {
+        format!("idx has {p} rows, h {}", dims2(h.shape())[0])
+    })?;
+    check(valid.len() == n, || "valid and keys disagree on N".into())?;
+    check(books.inner.capacity() as usize == n, || {
+        "the books' capacity is not the bank size".into()
+    })?;
+    let idx_s = contiguous("idx", idx.as_slice())?;
+    check(idx_s.iter().all(|&s| s < n as i64), || {
+        "a neighbour id is out of range".into()
+    })?;
+    let found = Retrieved {
+        idx: idx_s,
+        sim: contiguous("sim", sim.as_slice())?,
+        weight: contiguous("weight", weight.as_slice())?,
+        k,
+    };
+    let valid = contiguous("valid", valid.as_slice_mut())?;
+    let rule = Rule {
+        tau,
+        eta,
+        adaptive,
+        used_weight,
+    };
     let mut bank = Bank {
         keys,
         support,
@@ -430,34 +461,15 @@ pub fn drift_update<'py>(
         counts,
     };
     let x = Inputs { h, logp, logq };
-    with_views(&mut bank, &x, &pos, &slots, |b, x, pairs| {
-        b.update(x, pairs, eta, adaptive)
-    })
-}
-
-/// New prototypes for (position, slot) pairs in order, in place.
-#[pyfunction]
-#[pyo3(signature = (keys, support, bias, counts, h, logp, logq, pos, slots))]
-#[allow(clippy::too_many_arguments)]
-pub fn drift_allocate<'py>(
-    keys: PyReadwriteArray2<'py, f32>,
-    support: Option<PyReadwriteArray2<'py, i64>>,
-    bias: PyReadwriteArray2<'py, f32>,
-    counts: PyReadwriteArray1<'py, i64>,
-    h: PyReadonlyArray2<'py, f32>,
-    logp: PyReadonlyArray2<'py, f32>,
-    logq: PyReadonlyArray2<'py, f32>,
-    pos: Vec<usize>,
-    slots: Vec<usize>,
-) -> PyResult<()> {
-    let mut bank = Bank {
-        keys,
-        support,
-        bias,
-        counts,
-    };
-    let x = Inputs { h, logp, logq };
-    with_views(&mut bank, &x, &pos, &slots, |b, x, pairs| {
-        b.allocate(x, pairs)
-    })
+    let done = with_views(&mut bank, &x, |b, x| {
+        kernels::observe(&mut books.inner, tenant, b, valid, x, &found, &rule)
+    })?
+    .map_err(crate::py_err)?;
+    Ok((
+        done.updated,
+        done.refreshed,
+        done.evicted,
+        done.allocations,
+        done.newly_valid,
+    ))
 }

@@ -499,8 +499,7 @@ fn _bank(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::drift_bias_add, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::drift_draft_step, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::drift_ema, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::drift_update, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::drift_allocate, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::drift_observe, m)?)?;
     m.add("SNAPSHOT_FORMAT_VERSION", FORMAT_VERSION)?;
     Ok(())
 }

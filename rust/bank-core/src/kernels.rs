@@ -261,18 +261,21 @@ fn exp_nonpositive(x: f32) -> f32 {
     p * f32::from_bits((bits as u32) << 23)
 }
 
+/// Σ exp(x - top) in 16 fp32 partial sums (each term is at most 1, so a partial sum of V/16
+/// terms loses at most ~V/16 ulp; in practice ~1e-6 relative at V = 128k), reduced in f64.
 #[inline(always)]
 fn sum_exp_portable(x: &[f32], top: f32) -> f64 {
-    let mut acc = [0f64; LANES];
-    let chunks = x.chunks_exact(LANES);
+    const W: usize = 2 * LANES;
+    let mut acc = [0f32; W];
+    let chunks = x.chunks_exact(W);
     let tail = chunks.remainder();
     for c in chunks {
-        let c: &[f32; LANES] = c.try_into().unwrap();
-        for l in 0..LANES {
-            acc[l] += exp_nonpositive(c[l] - top) as f64;
+        let c: &[f32; W] = c.try_into().unwrap();
+        for l in 0..W {
+            acc[l] += exp_nonpositive(c[l] - top);
         }
     }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    let mut s: f64 = acc.iter().map(|&a| a as f64).sum();
     for &v in tail {
         s += exp_nonpositive(v - top) as f64;
     }
@@ -518,6 +521,121 @@ impl BankArrays<'_> {
             self.counts[slot] = 1;
         }
     }
+}
+
+/// A retrieval's results for P positions: slot ids (-1 = none), similarities and kernel
+/// weights, each [P, k] row-major, nearest first.
+pub struct Retrieved<'a> {
+    pub idx: &'a [i64],
+    pub sim: &'a [f32],
+    pub weight: &'a [f32],
+    pub k: usize,
+}
+
+/// The knobs `observe` needs.
+pub struct Rule {
+    /// compared in f64, as Python compares an fp32 similarity with a float
+    pub tau: f64,
+    pub eta: f64,
+    pub adaptive: bool,
+    /// a retrieved slot counts as used when its weight exceeds this (compared in f64)
+    pub used_weight: f64,
+}
+
+/// What one `observe` did.
+#[derive(Debug, Default, PartialEq)]
+pub struct Observed {
+    pub updated: usize,
+    pub refreshed: usize,
+    pub evicted: usize,
+    /// (position, slot) for every allocation the books made, in order (a tiny bank may hand the
+    /// same slot out twice; then the last position keeps it)
+    pub allocations: Vec<(usize, usize)>,
+    /// slots that became valid
+    pub newly_valid: Vec<usize>,
+}
+
+/// Indices of the last occurrence of each distinct item, in order.
+fn last_occurrences(items: &[usize]) -> Vec<usize> {
+    let mut seen = std::collections::HashSet::with_capacity(items.len());
+    let mut keep: Vec<usize> = (0..items.len())
+        .rev()
+        .filter(|&i| seen.insert(items[i]))
+        .collect();
+    keep.reverse();
+    keep
+}
+
+/// One iteration's DRIFT update, drafted positions in order, books included:
+/// 1. position p is matched when its nearest prototype exists with similarity >= τ;
+/// 2. one `touch` of the slots retrieved with weight > `used_weight` and the matched slots,
+///    each once, ordered by its last use;
+/// 3. the matched updates in position order ([`BankArrays::update`]);
+/// 4. one allocation per other position, in order; when a slot repeats, its last position
+///    writes it ([`BankArrays::allocate`]); new slots are marked in `valid`.
+///
+/// The same steps as `DriftBank.observe` in Python (the path for devices), which the tests
+/// compare this with.
+pub fn observe(
+    books: &mut crate::Books,
+    tenant: &str,
+    bank: &mut BankArrays<'_>,
+    valid: &mut [bool],
+    x: &Positions<'_>,
+    found: &Retrieved<'_>,
+    rule: &Rule,
+) -> crate::Result<Observed> {
+    let k = found.k;
+    let rows = found.idx.len() / k.max(1);
+    let nearest = |p: usize| (found.idx[p * k], found.sim[p * k]);
+    let is_matched = |p: usize| {
+        let (slot, s) = nearest(p);
+        slot >= 0 && s as f64 >= rule.tau
+    };
+    let matched: Vec<(usize, usize)> = (0..rows)
+        .filter(|&p| is_matched(p))
+        .map(|p| (p, nearest(p).0 as usize))
+        .collect();
+    let mut used: Vec<usize> = Vec::with_capacity(rows * k + matched.len());
+    for p in 0..rows {
+        for j in 0..k {
+            let (slot, w) = (found.idx[p * k + j], found.weight[p * k + j]);
+            if slot >= 0 && w as f64 > rule.used_weight {
+                used.push(slot as usize);
+            }
+        }
+    }
+    used.extend(matched.iter().map(|&(_, slot)| slot));
+    if !used.is_empty() {
+        let order: Vec<u32> = last_occurrences(&used)
+            .into_iter()
+            .map(|i| used[i] as u32)
+            .collect();
+        books.touch(&order)?;
+    }
+    let mut out = Observed {
+        updated: matched.len(),
+        ..Observed::default()
+    };
+    out.refreshed = bank.update(x, &matched, rule.eta, rule.adaptive);
+    for p in (0..rows).filter(|&p| !is_matched(p)) {
+        let a = books.allocate(tenant)?;
+        out.evicted += usize::from(a.evicted_from.is_some());
+        out.allocations.push((p, a.slot as usize));
+    }
+    let slots: Vec<usize> = out.allocations.iter().map(|&(_, s)| s).collect();
+    let keep: Vec<(usize, usize)> = last_occurrences(&slots)
+        .into_iter()
+        .map(|i| out.allocations[i])
+        .collect();
+    bank.allocate(x, &keep);
+    for &(_, slot) in &keep {
+        if !valid[slot] {
+            valid[slot] = true;
+            out.newly_valid.push(slot);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
