@@ -19,6 +19,7 @@ def backend(request):
 
 
 def bank(n=4, d=2, m=2, v=4, backend="reference", **kw) -> DriftBank:
+    kw = {"neighbors": 4, "tau": 0.95, **kw}          # the hand-computed cases assume k = 4, τ = 0.95
     cfg = DriftConfig(bank_size=n, support=m, **kw)
     with torch.inference_mode():
         return DriftBank(cfg, d, v, books=make_books(n), backend=backend)

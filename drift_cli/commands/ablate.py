@@ -42,7 +42,7 @@ def _bool(text: str) -> bool:
 AXES: dict[str, Axis] = {
     "lambda": Axis("gain", float, (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5)),
     "eta": Axis("eta", float, (0.02, 0.05, 0.1, 0.2, 0.4)),
-    "tau": Axis("tau", float, (0.7, 0.8, 0.9, 0.95, 0.97)),
+    "tau": Axis("tau", float, (0.8, 0.9, 0.95, 0.98, 0.99, 0.995)),
     "bank-size": Axis("bank_size", int, (256, 1024, 2048, 4096, 8192)),
     "support": Axis("support", int, (8, 16, 32, 64, 0)),
     "neighbors": Axis("neighbors", int, (1, 2, 4, 8)),
