@@ -133,11 +133,11 @@ def drift_bias_add(z: npt.NDArray[numpy.float32], idx: npt.NDArray[numpy.int64],
 
 def drift_draft_step(keys: npt.NDArray[numpy.float32], valid: npt.NDArray[numpy.bool_] | None,
                      support: npt.NDArray[numpy.int64] | None, bias: npt.NDArray[numpy.float32],
-                     h: npt.NDArray[numpy.float32], z: npt.NDArray[numpy.float32], hi: int, k: int,
-                     inv_two_sigma_sq: float, gain: float,
-                     ) -> tuple[npt.NDArray[numpy.float32], npt.NDArray[numpy.int64], npt.NDArray[numpy.float32],
-                                npt.NDArray[numpy.float32]]:
-    """drift_retrieve then drift_bias_add in one call: (logits, idx, sim, weight)."""
+                     h: npt.NDArray[numpy.float32], z: npt.NDArray[numpy.float32], hi: int, inv_two_sigma_sq: float,
+                     gain: float, idx: npt.NDArray[numpy.int64], sim: npt.NDArray[numpy.float32],
+                     weight: npt.NDArray[numpy.float32], out: npt.NDArray[numpy.float32]) -> None:
+    """drift_retrieve then drift_bias_add in one call, into the caller's arrays: idx/sim/weight
+    [Q, k] and out [Q, V] = z + λβ (no allocation on the per-token path)."""
 
 def drift_ema(keys: npt.NDArray[numpy.float32], bias: npt.NDArray[numpy.float32], counts: npt.NDArray[numpy.int64],
               slots: Sequence[int], residual: npt.NDArray[numpy.float32], h: npt.NDArray[numpy.float32],

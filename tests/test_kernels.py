@@ -299,7 +299,7 @@ def test_cpu_bank_view_fuses_retrieval_and_bias_add():
     inv = inv_two_sigma_sq(0.4)
     as_torch = lambda nb: reference.Neighbours(*(torch.from_numpy(a.copy()) for a in (nb.idx, nb.sim, nb.weight)))  # noqa: E731
     view.begin()
-    out = view.adjust(h, z, hi=60, all_valid=False, inv=inv, gain=0.6)
+    out = view.adjust(h, z, hi=60, all_valid=False, inv=inv, gain=0.6).clone()   # the view reuses its buffer
     view.skip(1)                                      # a step without retrieval records an empty row
     for _ in range(20):                               # the record grows past its first buffer
         out2 = view.adjust(h, z, hi=30, all_valid=False, inv=inv, gain=0.6)   # only slots < 30

@@ -246,13 +246,13 @@ pub fn drift_bias_add<'py>(
     Ok(out)
 }
 
-/// One draft step for Q queries: retrieval over slots [0, hi) into idx/sim/weight [Q, k] (the
-/// caller's arrays, written in place), then z + λβ, returned as a new array [Q, V].
+/// One draft step for Q queries: retrieval over slots [0, hi) into idx/sim/weight [Q, k], then
+/// out [Q, V] = z + λβ; every output is the caller's array, written in place (no allocation on
+/// the per-token path).
 #[pyfunction]
-#[pyo3(signature = (keys, valid, support, bias, h, z, hi, inv_two_sigma_sq, gain, idx, sim, weight))]
+#[pyo3(signature = (keys, valid, support, bias, h, z, hi, inv_two_sigma_sq, gain, idx, sim, weight, out))]
 #[allow(clippy::too_many_arguments)]
 pub fn drift_draft_step<'py>(
-    py: Python<'py>,
     keys: PyReadonlyArray2<'py, f32>,
     valid: Option<PyReadonlyArray1<'py, bool>>,
     support: Option<PyReadonlyArray2<'py, i64>>,
@@ -265,15 +265,19 @@ pub fn drift_draft_step<'py>(
     mut idx: PyReadwriteArray2<'py, i64>,
     mut sim: PyReadwriteArray2<'py, f32>,
     mut weight: PyReadwriteArray2<'py, f32>,
-) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    mut out: PyReadwriteArray2<'py, f32>,
+) -> PyResult<()> {
     let keys_v = key_views(&keys, &valid, hi)?;
     let ([q, dh], [qz, v], [qi, k]) = (dims2(h.shape()), dims2(z.shape()), dims2(idx.shape()));
-    check(dh == keys_v.dim && q == qz && qi == q, || {
-        format!(
-            "h [{q}, {dh}], z [{qz}, {v}], idx [{qi}, {k}] and keys [.., {}] disagree",
-            keys_v.dim
-        )
-    })?;
+    check(
+        dh == keys_v.dim && q == qz && qi == q && dims2(out.shape()) == [q, v],
+        || {
+            format!(
+                "h [{q}, {dh}], z [{qz}, {v}], idx [{qi}, {k}], out and keys [.., {}] disagree",
+                keys_v.dim
+            )
+        },
+    )?;
     check(
         dims2(sim.shape()) == [q, k] && dims2(weight.shape()) == [q, k],
         || "idx, sim and weight differ in shape".into(),
@@ -288,17 +292,18 @@ pub fn drift_draft_step<'py>(
         contiguous("sim", sim.as_slice_mut())?,
         contiguous("weight", weight.as_slice_mut())?,
     );
-    let h = contiguous("h", h.as_slice())?;
-    // SAFETY: a fresh array, written only here before Python sees it
-    let out = unsafe { PyArray2::<f32>::new(py, [q, v], false) };
-    {
-        let mut o = out.readwrite();
-        let o = contiguous("out", o.as_slice_mut())?;
-        o.copy_from_slice(z);
-        let bias = (gain != 0.0).then_some((support, b, z, o, gain));
-        draft_rows(&keys_v, h, k, inv_two_sigma_sq, slices, bias);
-    }
-    Ok(out)
+    let o = contiguous("out", out.as_slice_mut())?;
+    o.copy_from_slice(z);
+    let bias = (gain != 0.0).then_some((support, b, z, o, gain));
+    draft_rows(
+        &keys_v,
+        contiguous("h", h.as_slice())?,
+        k,
+        inv_two_sigma_sq,
+        slices,
+        bias,
+    );
+    Ok(())
 }
 
 /// The EMA step alone from given residuals [P, width], positions in order (rows of `h` pair
