@@ -198,7 +198,10 @@ def run_methods(
         # span is timing, a method's adjust or update included)
         gc.collect()
         gc.freeze()
-        runs[name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
+        try:
+            runs[name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
+        finally:
+            gc.unfreeze()   # collectable again (extensions that check for leaks at exit stay quiet)
         if not runs[name].complete:
             break
     return runs, skipped
