@@ -4,7 +4,7 @@
                                        [--queries 1] [--out results/gpu/bench_kernels.json]
 
 On a GPU both paths are timed with `triton.testing.do_bench` (median and 20/80% quantiles, ms).
-On a CPU the reference and the numpy CPU path run (timed with perf_counter, median of repeats)
+On a CPU the reference and the Rust CPU path run (timed with perf_counter, median of repeats)
 and the output says so: interpreter timings of the kernels mean nothing. Keys are fp16 on the GPU, fp32 on the CPU.
 The DESIGN.md target: under 20 µs per draft token at N=4096, d=2048, m=32 on an H200.
 """
@@ -76,7 +76,7 @@ def bench(args) -> dict:
             row["triton_equals_reference"] = exact
         else:
             row["reference"] = time_cpu(lambda: step(case, "reference"))
-            row["cpu"] = time_cpu(lambda: step(case, "cpu"))        # the numpy CPU path
+            row["cpu"] = time_cpu(lambda: step(case, "cpu"))        # the Rust CPU path (drift_kernels.cpu)
             # not bit-equal: the similarities (hence weights) round differently; the bias add itself is
             row["cpu_max_abs_diff_vs_reference"] = float((step(case, "cpu") - step(case, "reference")).abs().max())
         for path in ("triton", "reference", "cpu"):
@@ -88,7 +88,7 @@ def bench(args) -> dict:
         "shape": {"N": args.n, "d": args.d, "m": args.m, "k": 4},
         "device": torch.cuda.get_device_name() if cuda else f"cpu ({platform.processor() or platform.machine()})",
         "key_dtype": str(dtype).removeprefix("torch."),
-        "note": None if cuda else "no GPU: the PyTorch reference and the numpy CPU path only, Triton kernels not timed",
+        "note": None if cuda else "no GPU: the PyTorch reference and the Rust CPU path only, Triton kernels not timed",
         "versions": {"torch": torch.__version__, "triton": _triton_version()},
         "rows": rows,
     }

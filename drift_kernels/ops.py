@@ -1,9 +1,9 @@
-"""Dispatch: Triton on CUDA tensors, the PyTorch reference elsewhere.
+"""Dispatch: Triton on CUDA tensors, the Rust CPU path on CPU tensors, the PyTorch reference otherwise.
 
-`backend="auto"` picks Triton for CUDA tensors (when Triton imports), the numpy fast path
+`backend="auto"` picks Triton for CUDA tensors (when Triton imports), the Rust CPU path
 (`drift_kernels.cpu`) for CPU tensors, and the reference for anything else;
 `backend="triton"` forces the kernels (tests do this on the CPU with TRITON_INTERPRET=1 set
-before import), `"cpu"` the numpy path, `"reference"` the PyTorch reference.
+before import), `"cpu"` the Rust path, `"reference"` the PyTorch reference.
 Triton is imported lazily so the CPU path works on machines without it.
 """
 
