@@ -102,7 +102,8 @@ class DriftBank:
 
     # -- update after verification --------------------------------------------------------------
 
-    def observe(self, h: torch.Tensor, nb: Neighbours, logp: torch.Tensor, logq: torch.Tensor) -> ObserveStats:
+    def observe(self, h: torch.Tensor | np.ndarray, nb: Neighbours, logp: torch.Tensor | np.ndarray,
+                logq: torch.Tensor | np.ndarray) -> ObserveStats:
         """One iteration's update, drafted positions in order.
 
         h [P, d] draft hidden states; nb the draft step's retrieval ([P, k]); logp, logq [P, V]
@@ -117,6 +118,7 @@ class DriftBank:
         if self.view is not None and self.view.owns(self.books):
             self._observe_native(stats, h, nb, logp, logq)
         else:
+            h, logp, logq = (torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in (h, logp, logq))
             self._observe_torch(stats, h, nb, logp, logq)
         for name in vars(stats):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
@@ -211,7 +213,7 @@ class DriftBank:
         """`drift_bank_core::kernels::observe`: the steps of `_observe_torch` with the books, in
         position order, in one call on the tensors' memory."""
         c = self.cfg
-        arrays = [np.ascontiguousarray(t.detach().float().numpy()) for t in (h, logp, logq)]
+        arrays = [np.ascontiguousarray(host_f32(t)) for t in (h, logp, logq)]
         arrays += [np.ascontiguousarray(host(t)) for t in (nb.idx, nb.sim, nb.weight)]
         updated, refreshed, evicted, allocations, newly_valid = self.view.observe(
             self.books, self.tenant, *arrays, c.tau, c.eta, c.adaptive_rate, USED_WEIGHT)
@@ -234,6 +236,11 @@ class DriftBank:
         out.update({"valid": self.n_valid, "updates": self.totals.updated, "allocations_seen": self.totals.allocated,
                     "support_refreshes": self.totals.refreshed, "memory_bytes": self.memory_bytes()})
         return out
+
+
+def host_f32(t: torch.Tensor | np.ndarray) -> np.ndarray:
+    """fp32 host data: numpy as given, a CPU tensor viewed as numpy."""
+    return t if isinstance(t, np.ndarray) else t.detach().float().numpy()
 
 
 def host(t: torch.Tensor | np.ndarray) -> np.ndarray:

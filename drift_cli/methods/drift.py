@@ -156,6 +156,10 @@ class DriftMethod(ModelDraftPolicy):
         k = prop.k
         b = prop.tokens.shape[0]
         temp = 1.0 if feedback.sampler.greedy else feedback.sampler.temperature
+        if self.bank.view is not None and not self.target_keyed:
+            h, logp, logq = _host_positions(feedback, b, k, temp)
+            self.bank.observe(h, self._neighbours(b, k), logp, logq)
+            return
         v = prop.base_logits.shape[-1]
         # unnormalised log p, log q at temperature `temp`: the bank normalises only where it must
         logp = feedback.target_logits[:, :k].float().reshape(b * k, v)
@@ -248,6 +252,23 @@ class DriftMethod(ModelDraftPolicy):
             out["key_map"] = {"memory_bytes": key_map_bytes,
                               "tenants": {name: m.stats() for name, m in self.keymaps.items()}}
         return out
+
+
+def _host_positions(feedback: Feedback, b: int, k: int, temp: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The CPU path's update inputs as numpy views, with no tensor operation (each costs
+    microseconds in a loop whose caches the models just flushed): h [b·k, d], log p and log q
+    [b·k, V] fp32 at temperature `temp` (unnormalised: the bank normalises where it must)."""
+    prop = feedback.proposal
+
+    def rows(t: torch.Tensor) -> np.ndarray:           # [B, ≥k, X] -> [B·k, X]
+        a = t.numpy() if t.dtype == torch.float32 else t.float().numpy()
+        return a[0, :k] if b == 1 else a[:, :k].reshape(b * k, a.shape[-1])
+
+    h, logp, logq = rows(prop.hidden), rows(feedback.target_logits), rows(prop.base_logits)
+    if temp != 1.0:
+        t = np.float32(temp)                             # as torch divides an fp32 tensor by a float
+        logp, logq = logp / t, logq / t
+    return h, logp, logq
 
 
 def snapshot_files(path: Path) -> dict[str, Path]:
