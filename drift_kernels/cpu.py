@@ -4,7 +4,7 @@ views of the CPU tensors.
 On the CPU a DRIFT step is a few hundred kilo-FLOPs spread over dozens of tiny operations; with
 PyTorch (~5-10 µs a call) or numpy (~1-5 µs) the per-call cost, not arithmetic, decided the
 overhead (12-15% of an iteration with the small zoo). Here a draft step (retrieval fused with the
-bias add) is one call, and so is each half of the update (matched EMA updates; allocations).
+bias add) is one call, and so is an iteration's whole update (books included).
 The reference stays the ground truth: tests check the retrieved slots are identical,
 similarities and weights agree to fp32 rounding (the dot products sum in another order), and the
 bias add and the EMA step give bit-identical results from the same inputs (same fp32 operations
@@ -35,8 +35,10 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().numpy()
 
 
-def _f32(t: torch.Tensor) -> np.ndarray:
-    """A C-contiguous fp32 numpy array of a CPU tensor (a view when it already is one)."""
+def f32_array(t: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A C-contiguous fp32 numpy array of a CPU tensor or an array (a view when it already is one)."""
+    if isinstance(t, np.ndarray):
+        return np.ascontiguousarray(t, dtype=np.float32)
     if t.dtype != torch.float32 or t.requires_grad:
         t = t.detach().float()
     return np.ascontiguousarray(t.numpy())
@@ -63,7 +65,7 @@ def _neighbours(idx: np.ndarray, sim: np.ndarray, w: np.ndarray, device) -> Neig
 def retrieve(h: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, k: int, sigma: float) -> Neighbours:
     """h [Q, d]; keys [N, d]; valid [N] bool -> the k nearest, most similar first, ties to the lower slot."""
     ok = _np(valid)
-    idx, sim, w = _ext().drift_retrieve(_f32(keys), None if ok.all() else ok, _f32(h), keys.shape[0], k,
+    idx, sim, w = _ext().drift_retrieve(f32_array(keys), None if ok.all() else ok, f32_array(h), keys.shape[0], k,
                                         inv_two_sigma_sq(sigma))
     return _neighbours(idx, sim, w, h.device)
 
@@ -71,8 +73,8 @@ def retrieve(h: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, k: int, s
 def bias_add(z: torch.Tensor, nb: Neighbours, support: torch.Tensor | None, bias: torch.Tensor,
              gain: float) -> torch.Tensor:
     """z [Q, V] fp32 -> z + λβ (new tensor); support None means the full vocabulary (bias [N, V])."""
-    out = _ext().drift_bias_add(_f32(z), _i64(nb.idx), _f32(nb.weight),
-                                None if support is None else _i64(support), _f32(bias), gain)
+    out = _ext().drift_bias_add(f32_array(z), _i64(nb.idx), f32_array(nb.weight),
+                                None if support is None else _i64(support), f32_array(bias), gain)
     return torch.from_numpy(out)
 
 
@@ -83,7 +85,7 @@ def update(keys: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor, slots: 
         from drift_kernels import reference
         reference.update(keys, bias, counts, slots, residual, h, eta, adaptive)
         return
-    _ext().drift_ema(_np(keys), _np(bias), _np(counts), _np(slots).tolist(), _f32(residual), _f32(h), eta, adaptive)
+    _ext().drift_ema(_np(keys), _np(bias), _np(counts), _np(slots).tolist(), f32_array(residual), f32_array(h), eta, adaptive)
 
 
 class BankView:
@@ -107,11 +109,16 @@ class BankView:
         """A new proposal: forget the retrievals of the last one."""
         self.rows = 0
 
-    def _grow(self, rows: int) -> None:
-        grown = _no_neighbours(2 * rows, self.k)
-        for old, new in zip((self.idx, self.sim, self.weight), grown):
-            new[:self.rows] = old[:self.rows]
-        self.idx, self.sim, self.weight = grown
+    def _reserve(self, q: int) -> int:
+        """Room for q more draft rows (the buffers double when full); returns the first row."""
+        r = self.rows
+        if r + q > len(self.idx):
+            grown = _no_neighbours(2 * (r + q), self.k)
+            for old, new in zip((self.idx, self.sim, self.weight), grown):
+                new[:r] = old[:r]
+            self.idx, self.sim, self.weight = grown
+        self.rows = r + q
+        return r
 
     def adjust(self, h: torch.Tensor, z: torch.Tensor, hi: int, all_valid: bool, inv: np.float32,
                gain: float) -> torch.Tensor:
@@ -121,24 +128,19 @@ class BankView:
         The result lives in a buffer the view reuses: it is valid until the next `adjust` (the
         engine draws the token from it at once). A fresh 16-500 KB array per draft token made
         the allocator consolidate its free lists, measurably, next to the models' allocations."""
-        q, r = h.shape[0], self.rows
-        if r + q > len(self.idx):
-            self._grow(r + q)
-        self.rows = r + q
+        q = h.shape[0]
+        r = self._reserve(q)
         buf = self._out.get(z.shape)
         if buf is None:
             arr = np.empty(tuple(z.shape), dtype=np.float32)
             buf = self._out[tuple(z.shape)] = (arr, torch.from_numpy(arr))
-        self._step(self.keys, None if all_valid else self.valid, self.support, self.bias, _f32(h), _f32(z),
+        self._step(self.keys, None if all_valid else self.valid, self.support, self.bias, f32_array(h), f32_array(z),
                    hi, inv, gain, self.idx[r:r + q], self.sim[r:r + q], self.weight[r:r + q], buf[0])
         return buf[1]
 
     def skip(self, q: int) -> None:
         """Q draft rows without a retrieval (an empty bank)."""
-        r = self.rows
-        if r + q > len(self.idx):
-            self._grow(r + q)
-        self.rows = r + q
+        r = self._reserve(q)
         self.idx[r:r + q], self.sim[r:r + q], self.weight[r:r + q] = -1, -np.inf, 0.0
 
     def pending(self, b: int, steps: int) -> Neighbours:

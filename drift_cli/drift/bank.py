@@ -199,9 +199,7 @@ class DriftBank:
     def _mark_valid(self, slots: list[int]) -> None:
         fresh = [s for s in slots if not self._valid_np[s]]
         if fresh:
-            if self.view is not None:
-                self.view.valid[fresh] = True                                   # the tensor's memory
-            else:
+            if self.view is None:       # on the CPU path the mirror is the tensor's own memory
                 self.valid[torch.tensor(fresh, device=self.valid.device)] = True
             self._valid_np[fresh] = True
             self.n_valid += len(fresh)
@@ -213,7 +211,7 @@ class DriftBank:
         """`drift_bank_core::kernels::observe`: the steps of `_observe_torch` with the books, in
         position order, in one call on the tensors' memory."""
         c = self.cfg
-        arrays = [np.ascontiguousarray(host_f32(t)) for t in (h, logp, logq)]
+        arrays = [kernels_cpu.f32_array(t) for t in (h, logp, logq)]
         arrays += [np.ascontiguousarray(host(t)) for t in (nb.idx, nb.sim, nb.weight)]
         updated, refreshed, evicted, allocations, newly_valid = self.view.observe(
             self.books, self.tenant, *arrays, c.tau, c.eta, c.adaptive_rate, USED_WEIGHT)
@@ -236,11 +234,6 @@ class DriftBank:
         out.update({"valid": self.n_valid, "updates": self.totals.updated, "allocations_seen": self.totals.allocated,
                     "support_refreshes": self.totals.refreshed, "memory_bytes": self.memory_bytes()})
         return out
-
-
-def host_f32(t: torch.Tensor | np.ndarray) -> np.ndarray:
-    """fp32 host data: numpy as given, a CPU tensor viewed as numpy."""
-    return t if isinstance(t, np.ndarray) else t.detach().float().numpy()
 
 
 def host(t: torch.Tensor | np.ndarray) -> np.ndarray:
