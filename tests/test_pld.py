@@ -17,7 +17,7 @@ from drift_cli.methods.pld import NgramIndex, PldConfig, PromptLookup
 from drift_cli.stream import Prompt, Stream
 from tests.exactness import SIGNIFICANCE, sampling_p_value
 from tests.models import tiny_pair
-from tests.recording import CountingProposals
+from tests.recording import SAMPLING_PROMPT, VOCAB, CountingProposals, drafter_sampling_run
 
 
 def brute_lookup(ids: list[int], max_ngram: int, max_tokens: int) -> list[int]:
@@ -92,25 +92,13 @@ def test_no_match_drafts_nothing():
     assert prop.k == 0 and prop.tokens.shape == (1, 0)
 
 
-VOCAB = 8
-SAMPLING_PROMPT = [1, 5, 2, 1, 5, 2, 1, 5]   # "2 1 5" recurs: the first iteration always drafts
-
-
 @pytest.mark.parametrize("kw,samples", [
     ({}, 1200),
     pytest.param({"temperature": 0.7, "top_p": 0.9}, 3000, marks=pytest.mark.slow),
 ], ids=["T1", "T0.7-top_p0.9"])
 def test_sampling_matches_target(kw, samples):
-    _, target = tiny_pair(vocab=VOCAB, seed=11)
-    made: list[Recording] = []
-
-    def make():
-        made.append(Recording())
-        return made[-1]
-
-    p = sampling_p_value(target, make, SAMPLING_PROMPT, samples=samples, **kw)
+    p, policy = drafter_sampling_run(Recording, samples, **kw)
     assert p > SIGNIFICANCE, f"pld changes the output distribution (p = {p:.2e})"
-    policy = made[0]
     assert policy.drafting / policy.calls > 0.5, (policy.drafting, policy.calls)
 
 

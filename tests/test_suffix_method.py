@@ -14,9 +14,9 @@ from drift_cli.methods.ar import Autoregressive
 from drift_cli.methods.base import MethodContext
 from drift_cli.methods.suffix import SuffixConfig, SuffixDecoding
 from drift_cli.stream import Prompt, Stream
-from tests.exactness import SIGNIFICANCE, sampling_p_value
+from tests.exactness import SIGNIFICANCE
 from tests.models import tiny_pair
-from tests.recording import CountingProposals
+from tests.recording import CountingProposals, drafter_sampling_run
 
 
 class Recording(CountingProposals, SuffixDecoding):
@@ -93,26 +93,14 @@ def test_token_budget_evicts_the_oldest_outputs():
     assert rep["suffix_stream_nodes"] <= 50 * SuffixConfig().max_depth
 
 
-VOCAB = 8
-SAMPLING_PROMPT = [1, 5, 2, 1, 5, 2, 1, 5]
-
-
 @pytest.mark.parametrize("kw,samples", [
     ({}, 1200),
     pytest.param({"temperature": 0.7, "top_p": 0.9}, 3000, marks=pytest.mark.slow),
 ], ids=["T1", "T0.7-top_p0.9"])
 def test_sampling_matches_target(kw, samples):
     """One policy serves all samples, so its stream trie learns from earlier samples' outputs."""
-    _, target = tiny_pair(vocab=VOCAB, seed=11)
-    made: list[Recording] = []
-
-    def make():
-        made.append(Recording(SuffixConfig(min_token_prob=0.0)))
-        return made[-1]
-
-    p = sampling_p_value(target, make, SAMPLING_PROMPT, samples=samples, **kw)
+    p, policy = drafter_sampling_run(lambda: Recording(SuffixConfig(min_token_prob=0.0)), samples, **kw)
     assert p > SIGNIFICANCE, f"suffix changes the output distribution (p = {p:.2e})"
-    policy = made[0]
     assert policy.drafting / policy.calls > 0.5, (policy.drafting, policy.calls)
     assert policy.drafts_from["stream"] > 0
 
