@@ -7,6 +7,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.table import Table
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 err_console = Console(stderr=True)
@@ -28,6 +29,14 @@ class ProgressCallback:
         if description not in self.tasks:
             self.tasks[description] = self.progress.add_task(description, total=total)
         self.progress.update(self.tasks[description], completed=completed, total=total)
+
+
+def row_table(title: str, columns: tuple[str, ...]) -> Table:
+    """A table of named rows: the first column (the name) left-aligned, the figures right-aligned."""
+    table = Table(title=title)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    return table
 
 
 def emit(obj: dict, as_json: bool) -> None:

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from drift_cli.console import row_table
 from drift_cli.errors import BadInput
 
 
@@ -55,9 +56,7 @@ def _summary_table(s: dict) -> Table:
 
 
 def _tenant_table(tenants: dict) -> Table:
-    table = Table(title="tenants")
-    for col in ("tenant", "quota", "used", "hits", "allocations", "evictions"):
-        table.add_column(col, justify="left" if col == "tenant" else "right")
+    table = row_table("tenants", ("tenant", "quota", "used", "hits", "allocations", "evictions"))
     for name, t in tenants.items():
         quota = "pool" if t["quota"] is None else str(t["quota"])
         table.add_row(name, quota, str(t["used"]), str(t["hits"]), str(t["allocations"]), str(t["evictions"]))

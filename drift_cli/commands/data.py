@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from drift_cli.console import row_table
 from drift_cli.errors import BadInput
 
 SPLITS = ("train", "dev", "test")
@@ -151,9 +152,8 @@ def shift(scenarios: tuple[str, ...], split: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
         return
-    table = Table(title=f"lexical shift of the {split} split vs the draft's training text")
-    for col in ("scenario", "docs", "words", "word OOV", "bigrams seen", "unigram CE (nats)"):
-        table.add_column(col, justify="left" if col == "scenario" else "right")
+    table = row_table(f"lexical shift of the {split} split vs the draft's training text",
+                      ("scenario", "docs", "words", "word OOV", "bigrams seen", "unigram CE (nats)"))
     for name, r in rows.items():
         table.add_row(name, str(r["documents"]), str(r["words"]), f"{r['word_oov']:.3f}",
                       f"{r['bigram_seen']:.3f}", f"{r['unigram_ce_nats']:.2f}")

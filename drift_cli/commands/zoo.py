@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from drift_cli.console import ProgressCallback, rich_progress
+from drift_cli.console import ProgressCallback, rich_progress, row_table
 from drift_cli.divergence import DIVERGENCES
 
 
@@ -106,9 +106,8 @@ def shift(preset, scenarios, split, max_prompts, max_new_tokens, gamma, offline,
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True))
         return
-    table = Table(title=f"greedy acceptance, zoo '{preset}', {split} split, gamma={gamma}")
-    for col in ("scenario", "alpha (base)", "gap vs indist", "token agreement", "alpha (offline)", "offline gain"):
-        table.add_column(col, justify="left" if col == "scenario" else "right")
+    table = row_table(f"greedy acceptance, zoo '{preset}', {split} split, gamma={gamma}",
+                      ("scenario", "alpha (base)", "gap vs indist", "token agreement", "alpha (offline)", "offline gain"))
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     for name, row in report["scenarios"].items():
         table.add_row(name, fmt(row["base"]["acceptance_rate"]), fmt(row["gap_vs_indist"]),
