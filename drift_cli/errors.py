@@ -9,6 +9,13 @@ class BadInput(Exception):
     exit_code = 2
 
 
+def require(checks: list[tuple[bool, str]]) -> None:
+    """Raise `BadInput` with the message of the first failed (ok, message) check, in order."""
+    for ok, message in checks:
+        if not ok:
+            raise BadInput(message)
+
+
 class CheckFailed(Exception):
     """A check that ran and failed (the regression gate). Exit code 1."""
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from drift_cli.errors import BadInput
+from drift_cli.errors import require
 
 KEYS = ("draft", "target-est")
 
@@ -43,9 +43,7 @@ class DriftConfig:
         if vocab_size is not None:
             checks.append((self.support <= vocab_size,
                            f"--support {self.support} exceeds the vocabulary size {vocab_size}"))
-        for ok, message in checks:
-            if not ok:
-                raise BadInput(message)
+        require(checks)
         return self
 
     @classmethod

@@ -20,7 +20,7 @@ import click
 import torch
 
 from drift_cli.engine.sampling import Sampler
-from drift_cli.errors import BadInput
+from drift_cli.errors import require
 from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal
 from drift_cli.suffix_tree import Draft, SuffixCache, SuffixTrie
 
@@ -42,9 +42,7 @@ class SuffixConfig:
             (0.0 <= self.min_token_prob <= 1.0, f"--suffix-min-token-prob must be in [0, 1], got {self.min_token_prob}"),
             (self.max_tokens >= 1, f"--suffix-max-tokens must be >= 1, got {self.max_tokens}"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise BadInput(message)
+        require(checks)
         return self
 
     @classmethod
