@@ -19,6 +19,10 @@ from collections.abc import Sequence
 
 import numpy
 import numpy.typing as npt
+import torch
+
+# float32 rows read in place: a numpy array or a CPU torch tensor (rows contiguous, any row stride)
+_Rows = npt.NDArray[numpy.float32] | torch.Tensor
 
 SNAPSHOT_FORMAT_VERSION: int
 
@@ -116,7 +120,8 @@ def read_snapshot_summary(path: str | bytes | os.PathLike[str]) -> dict[str, obj
     config (parsed), meta (other caller keys), checksum."""
 
 # --- DRIFT's CPU arithmetic (drift-bank-core `kernels`; Python side: drift_kernels/cpu.py) ------
-# All arrays C-contiguous: float32 keys/bias/h/z/logits, int64 support/idx/counts, bool valid.
+# The functions take C-contiguous arrays: float32 keys/bias/h/z/logits, int64 support/idx/counts,
+# bool valid (`CpuBank` also reads strided float32 rows, see there).
 # Bank arrays (keys [N, d], support [N, m] or None for a full-vocabulary bias [N, V], bias,
 # counts [N]) are written in place. Shapes are checked (ValueError).
 
@@ -131,27 +136,56 @@ def drift_bias_add(z: npt.NDArray[numpy.float32], idx: npt.NDArray[numpy.int64],
                    ) -> npt.NDArray[numpy.float32]:
     """z [Q, V] + λβ as a new array (bit-identical to drift_kernels.reference.bias_add)."""
 
-def drift_draft_step(keys: npt.NDArray[numpy.float32], valid: npt.NDArray[numpy.bool_] | None,
-                     support: npt.NDArray[numpy.int64] | None, bias: npt.NDArray[numpy.float32],
-                     h: npt.NDArray[numpy.float32], z: npt.NDArray[numpy.float32], hi: int, inv_two_sigma_sq: float,
-                     gain: float, idx: npt.NDArray[numpy.int64], sim: npt.NDArray[numpy.float32],
-                     weight: npt.NDArray[numpy.float32], out: npt.NDArray[numpy.float32]) -> None:
-    """drift_retrieve then drift_bias_add in one call, into the caller's arrays: idx/sim/weight
-    [Q, k] and out [Q, V] = z + λβ (no allocation on the per-token path)."""
-
 def drift_ema(keys: npt.NDArray[numpy.float32], bias: npt.NDArray[numpy.float32], counts: npt.NDArray[numpy.int64],
               slots: Sequence[int], residual: npt.NDArray[numpy.float32], h: npt.NDArray[numpy.float32],
               eta: float, adaptive: bool) -> None:
     """The EMA step for row i of residual/h into slots[i], in order, in place."""
 
-def drift_observe(books: Books, tenant: str, keys: npt.NDArray[numpy.float32], support: npt.NDArray[numpy.int64] | None,
-                  bias: npt.NDArray[numpy.float32], counts: npt.NDArray[numpy.int64], valid: npt.NDArray[numpy.bool_],
-                  h: npt.NDArray[numpy.float32], logp: npt.NDArray[numpy.float32], logq: npt.NDArray[numpy.float32],
-                  idx: npt.NDArray[numpy.int64], sim: npt.NDArray[numpy.float32], weight: npt.NDArray[numpy.float32],
-                  tau: float, eta: float, adaptive: bool, used_weight: float,
-                  ) -> tuple[int, int, int, list[tuple[int, int]], list[int]]:
-    """One iteration's DRIFT update with the books, drafted positions in order, in place: match
-    (nearest within tau), touch the used slots once each, matched updates (support refresh,
-    residual, EMA), one allocation per other position (K = ĥ, S = top-m of max(p, q), B = r on S,
-    n = 1), mark new slots valid. idx/sim/weight [P, k] are the draft step's retrievals.
-    Returns (updated, refreshed, evicted, [(position, slot)] allocated in order, slots made valid)."""
+class CpuBank:
+    """A CPU bank's per-token and per-iteration DRIFT work, one call each, on the bank tensors'
+    own memory: keys [N, d] float32, valid [N] bool, support [N, m] int64 (None: a full-vocabulary
+    bias [N, V]), bias, counts [N] int64, all C-contiguous and written in place. `h`, `z`, `logp`,
+    `logq` may be float32 numpy arrays or CPU torch tensors at any strides with contiguous rows
+    (read in place). Bad shapes or dtypes raise ValueError."""
+
+    def __init__(self, keys: npt.NDArray[numpy.float32], valid: npt.NDArray[numpy.bool_],
+                 support: npt.NDArray[numpy.int64] | None, bias: npt.NDArray[numpy.float32],
+                 counts: npt.NDArray[numpy.int64], books: object, tenant: str, k: int, inv_two_sigma_sq: float,
+                 gain: float, tau: float, eta: float, adaptive: bool, used_weight: float) -> None:
+        """`books`: the extension's `Books` (then `observe` works) or any other object (the
+        update then stays with the caller)."""
+
+    @property
+    def hi(self) -> int:
+        """1 + the highest valid slot: retrieval scans slots [0, hi)."""
+    @property
+    def n_valid(self) -> int:
+        """Valid prototypes."""
+    @property
+    def owns_books(self) -> bool:
+        """Whether `observe` can run (the books are the extension's own)."""
+    def set_extent(self, hi: int, n_valid: int) -> None:
+        """(hi, n_valid) after the bank changed outside `observe` (a snapshot load); ValueError
+        unless n_valid <= hi <= N."""
+    def begin(self) -> None:
+        """A new proposal: forget the last one's recorded retrievals."""
+    def step(self, h: _Rows, z: _Rows, out: npt.NDArray[numpy.float32]) -> bool:
+        """One draft step for h [Q, d], z [Q, V]: the k nearest of slots [0, hi) (recorded),
+        then out [Q, V] = z + λβ (bit-identical to drift_kernels.reference.bias_add). False,
+        with `out` untouched, when the logits are unchanged (an empty bank, or λ = 0)."""
+    def drafted(self, b: int, steps: int) -> tuple[npt.NDArray[numpy.int64], npt.NDArray[numpy.float32],
+                                                   npt.NDArray[numpy.float32]]:
+        """The first `steps` recorded draft steps for a batch of b: (idx, sim, weight) [b·steps, k]
+        batch-major copies (-1 / -inf / 0 for a row drafted while the bank was empty)."""
+    def observe(self, h: _Rows, logp: _Rows, logq: _Rows, steps: int, temperature: float = 1.0,
+                idx: npt.NDArray[numpy.int64] | None = None, sim: npt.NDArray[numpy.float32] | None = None,
+                weight: npt.NDArray[numpy.float32] | None = None) -> tuple[int, int, int, list[tuple[int, int]]]:
+        """One iteration's DRIFT update with the books, drafted positions in order, in place: match
+        (nearest within tau), touch the used slots once each, matched updates (support refresh,
+        residual, EMA), one allocation per other position (K = ĥ, S = top-m of max(p, q), B = r on S,
+        n = 1), mark new slots valid. h [B, T, d], logp/logq [B, T', V] (positions (i, t < steps),
+        batch-major; 2-D [P, .] arrays as they are), log-probabilities at `temperature` (divided
+        here; unnormalised will do). The neighbours are the recorded draft steps', or idx/sim/weight
+        [P, k'] when given. Returns (updated, refreshed, evicted, [(position, slot)] allocated in
+        order); ValueError for books that are not the extension's."""
+

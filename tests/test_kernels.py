@@ -7,6 +7,7 @@ compared bit for bit.
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -289,33 +290,53 @@ def test_cpu_update_matches_reference(adaptive):
     assert torch.equal(got[2], want[2])
 
 
-def test_cpu_bank_view_fuses_retrieval_and_bias_add():
-    from drift_kernels.cpu import BankView, inv_two_sigma_sq
+def test_cpu_bank_step_fuses_retrieval_and_bias_add():
+    """`CpuBank.step` reads strided h/z rows in place, scans slots [0, hi) under the validity mask,
+    records each row's retrieval (empty rows while the bank is empty), and writes z + λβ."""
+    from drift_kernels import cpu
     z, nb0, support, bias = make_bias_case(1, 60, 16, 500, 4, seed=11)
     keys, valid, g = make_bank(60, 24, torch.float32, seed=11, valid_share=0.8)
     h = torch.randn(1, 24, generator=g)
     support = support.long()                          # the bank keeps int64 ids
-    view = BankView(keys, valid, support, bias, torch.zeros(60, dtype=torch.int64), k=4)
-    inv = inv_two_sigma_sq(0.4)
-    as_torch = lambda nb: reference.Neighbours(*(torch.from_numpy(a.copy()) for a in (nb.idx, nb.sim, nb.weight)))  # noqa: E731
-    view.begin()
-    out = view.adjust(h, z, hi=60, all_valid=False, inv=inv, gain=0.6).clone()   # the view reuses its buffer
-    view.skip(1)                                      # a step without retrieval records an empty row
-    for _ in range(20):                               # the record grows past its first buffer
-        out2 = view.adjust(h, z, hi=30, all_valid=False, inv=inv, gain=0.6)   # only slots < 30
-    nb = as_torch(view.pending(1, 22))
+    bank = cpu.bank(keys, valid, support, bias, torch.zeros(60, dtype=torch.int64), None, "t", k=4, sigma=0.4,
+                    gain=0.6, tau=0.9, eta=0.1, adaptive=True, used_weight=1e-3)
+    assert not bank.owns_books                        # Python books: the update stays in Python
+    hs, zs = torch.randn(1, 3, 24, generator=g), torch.randn(1, 2, 500, generator=g)
+    hs[:, -1], zs[:, -1] = h, z                       # rows read in place from [B, T, .] views
+    out = np.empty((1, 500), dtype=np.float32)
+    bank.begin()
+    assert not bank.step(hs[:, -1].numpy(), zs[:, -1].numpy(), out)    # empty: logits unchanged, row recorded
+    bank.set_extent(60, int(valid.sum()))
+    assert bank.step(hs[:, -1].numpy(), zs[:, -1].numpy(), out)
+    first = torch.from_numpy(out.copy())
+    bank.set_extent(30, int(valid[:30].sum()))
+    for _ in range(20):                               # the record grows; only slots < 30 are scanned
+        bank.step(h.numpy(), z.numpy(), out)
+    nb = reference.Neighbours(*(torch.from_numpy(a) for a in bank.drafted(1, 22)))
     want = reference.retrieve(h, keys, valid, 4, 0.4)
-    assert torch.equal(nb.idx[0], want.idx[0]) and nb.idx[1].tolist() == [-1] * 4
-    torch.testing.assert_close(nb.weight[:1], want.weight, atol=1e-6, rtol=0)
-    assert torch.equal(out, reference.bias_add(z, reference.Neighbours(nb.idx[:1], nb.sim[:1], nb.weight[:1]),
-                                               support, bias, 0.6))
+    assert nb.idx[0].tolist() == [-1] * 4 and torch.equal(nb.idx[1], want.idx[0])
+    torch.testing.assert_close(nb.weight[1:2], want.weight, atol=1e-6, rtol=0)
+    assert torch.equal(first, reference.bias_add(z, reference.Neighbours(nb.idx[1:2], nb.sim[1:2], nb.weight[1:2]),
+                                                 support, bias, 0.6))
     assert bool((nb.idx[2:] < 30).all()) and bool((nb.idx[2:] == nb.idx[2]).all())
     last = reference.Neighbours(nb.idx[21:], nb.sim[21:], nb.weight[21:])
-    assert torch.equal(out2, reference.bias_add(z, last, support, bias, 0.6))
-    # batch-major order for a batch of 2: rows were recorded step-major (step 0: b0, b1; step 1: ...)
-    view.begin()
-    view.skip(2)
-    view.adjust(torch.cat([h, h]), torch.cat([z, z]), hi=60, all_valid=False, inv=inv, gain=0.6)
-    two = view.pending(2, 2)
-    assert two.idx[0].tolist() == [-1] * 4 and two.idx[1].tolist() == want.idx[0].tolist()
-    assert two.idx[2].tolist() == [-1] * 4 and two.idx[3].tolist() == want.idx[0].tolist()
+    assert torch.equal(torch.from_numpy(out), reference.bias_add(z, last, support, bias, 0.6))
+    # a batch of 2: rows were recorded step-major (step 0: b0, b1; ...) and come back batch-major
+    bank.set_extent(0, 0)
+    bank.begin()
+    two_h, two_z = torch.cat([hs, hs]), torch.cat([zs, zs])
+    bank.step(two_h[:, -1].numpy(), two_z[:, -1].numpy(), np.empty((2, 500), dtype=np.float32))
+    bank.set_extent(60, int(valid.sum()))
+    bank.step(two_h[:, -1].numpy(), two_z[:, -1].numpy(), np.empty((2, 500), dtype=np.float32))
+    idx = bank.drafted(2, 2)[0]
+    assert idx[0].tolist() == [-1] * 4 and idx[1].tolist() == want.idx[0].tolist()
+    assert idx[2].tolist() == [-1] * 4 and idx[3].tolist() == want.idx[0].tolist()
+    with pytest.raises(ValueError, match="float32"):
+        bank.step(h.double().numpy(), z.numpy(), out)
+    with pytest.raises(ValueError, match="disagree"):
+        bank.step(h.numpy(), z.numpy(), np.empty((1, 499), dtype=np.float32))
+    with pytest.raises(ValueError, match="overlaps"):
+        zz = z.numpy().copy()
+        bank.step(h.numpy(), zz, zz)
+
+

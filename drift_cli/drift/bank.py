@@ -22,7 +22,6 @@ import drift_kernels
 from drift_cli.drift.config import DriftConfig
 from drift_kernels import Neighbours, reference
 from drift_kernels import cpu as kernels_cpu
-from drift_kernels.cpu import BankView
 from drift_kernels.ops import resolve
 
 USED_WEIGHT = 1e-3  # a retrieved prototype counts as used when its kernel weight exceeds this
@@ -53,23 +52,42 @@ class DriftBank:
         self.bias = torch.zeros(n, m or vocab, dtype=torch.float32, device=device)
         self.counts = torch.zeros(n, dtype=torch.int64, device=device)
         self.valid = torch.zeros(n, dtype=torch.bool, device=device)
-        self._inv, self._gain = kernels_cpu.inv_two_sigma_sq(cfg.sigma), cfg.gain
-        self.view = BankView(self.keys, self.valid, self.support, self.bias, self.counts, cfg.neighbors) \
+        # the CPU path (Rust, on these tensors' memory), which also keeps hi and n_valid
+        self.cpu = kernels_cpu.bank(self.keys, self.valid, self.support, self.bias, self.counts, self.books, tenant,
+                                    cfg.neighbors, cfg.sigma, cfg.gain, cfg.tau, cfg.eta, cfg.adaptive_rate,
+                                    USED_WEIGHT) \
             if resolve(self.keys, backend) == "cpu" and key_dtype == torch.float32 else None
+        self.native = self.cpu is not None and self.cpu.owns_books    # the update in Rust too
+        self._out = (np.empty((0, 0), dtype=np.float32), None)          # the draft step's output buffer
         # host mirror of `valid` (no device reads); on the CPU path the tensor's own memory
-        self._valid_np = self.view.valid if self.view is not None else np.zeros(n, dtype=bool)
-        self.n_valid = 0          # host-side count, so an empty bank costs no device work
-        self.hi = 0               # 1 + the highest valid slot: retrieval scans keys[:hi] only
+        self._valid_np = self.valid.numpy() if self.cpu is not None else np.zeros(n, dtype=bool)
+        self._n_valid = 0         # host-side count, so an empty bank costs no device work
+        self._hi = 0              # 1 + the highest valid slot: retrieval scans keys[:hi] only
         self.totals = ObserveStats()
         # (positions, slots) the books handed out in the last `observe`, in order, before a
         # repeated slot is resolved (target-est mirrors allocations on its draft-space shadow)
         self.last_allocation: tuple[list[int], list[int]] = ([], [])
 
+    @property
+    def n_valid(self) -> int:
+        """Valid prototypes (counted on the host)."""
+        return self.cpu.n_valid if self.cpu is not None else self._n_valid
+
+    @property
+    def hi(self) -> int:
+        """1 + the highest valid slot: retrieval scans keys[:hi] only (fresh books hand out
+        slots 0, 1, 2, ...: while the bank fills, the tail is all invalid)."""
+        return self.cpu.hi if self.cpu is not None else self._hi
+
+    def set_extent(self, hi: int, n_valid: int) -> None:
+        if self.cpu is not None:
+            self.cpu.set_extent(hi, n_valid)
+        self._hi, self._n_valid = hi, n_valid
+
     # -- draft step ---------------------------------------------------------------------------
 
     def retrieve(self, h: torch.Tensor) -> Neighbours:
         """h [Q, d] -> the k nearest prototypes [Q, k]."""
-        # fresh books hand out slots 0, 1, 2, ...: while the bank fills, the tail is all invalid
         return drift_kernels.retrieve(h, self.keys[:self.hi], self.valid[:self.hi], self.cfg.neighbors,
                                       self.cfg.sigma, backend=self.backend)
 
@@ -79,26 +97,33 @@ class DriftBank:
 
     def begin_draft(self) -> None:
         """A new proposal (the CPU path records its retrievals itself)."""
-        if self.view is not None:
-            self.view.begin()
+        if self.cpu is not None:
+            self.cpu.begin()
 
     def draft_step(self, h: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, Neighbours | None]:
-        """h [Q, d], z [Q, V] -> (z + λβ, the neighbours). The CPU path is one fused call that
-        records the neighbours itself (returns None for them; see `drafted`)."""
-        if self.view is not None:
-            return self.view.adjust(h, z, self.hi, self.n_valid == self.hi, self._inv, self._gain), None
+        """h [Q, d], z [Q, V] fp32 -> (z + λβ, the neighbours; None when the bank is empty).
+
+        The CPU path is one Rust call that records the neighbours itself (returns None for them;
+        see `drafted`). Its result lives in a buffer the bank reuses, valid until the next draft
+        step (the engine draws the token from it at once): a fresh 16-500 KB array per draft
+        token made the allocator consolidate its free lists, measurably, next to the models'."""
+        cpu = self.cpu
+        if cpu is not None:
+            out = self._out
+            if out[0].shape != z.shape:
+                arr = np.empty(tuple(z.shape), dtype=np.float32)
+                out = self._out = (arr, torch.from_numpy(arr))
+            return (out[1] if cpu.step(h, z, out[0]) else z), None
+        if self._n_valid == 0:
+            return z, None
         nb = self.retrieve(h)
         return (self.adjust(z, nb) if self.cfg.gain != 0.0 else z), nb
 
-    def skip_draft(self, q: int) -> None:
-        """Q draft rows with nothing to retrieve (an empty bank)."""
-        if self.view is not None:
-            self.view.skip(q)
-
     def drafted(self, b: int, steps: int) -> Neighbours | None:
         """The CPU path's recorded retrievals of the first `steps` draft steps, [b·steps, k]
-        batch-major; None on the other paths (the caller keeps what `draft_step` returned)."""
-        return self.view.pending(b, steps) if self.view is not None else None
+        batch-major numpy arrays; None on the other paths (the caller keeps what `draft_step`
+        returned)."""
+        return Neighbours(*self.cpu.drafted(b, steps)) if self.cpu is not None else None
 
     # -- update after verification --------------------------------------------------------------
 
@@ -115,14 +140,36 @@ class DriftBank:
         self.last_allocation = ([], [])
         if h.shape[0] == 0:
             return stats
-        if self.view is not None and self.view.owns(self.books):
-            self._observe_native(stats, h, nb, logp, logq)
+        if self.native:
+            arrays = [kernels_cpu.f32_array(t) for t in (h, logp, logq)]
+            neighbours = [np.ascontiguousarray(host(t)) for t in (nb.idx, nb.sim, nb.weight)]
+            self._tally(stats, *self.cpu.observe(*arrays, h.shape[0], 1.0, *neighbours))
         else:
             h, logp, logq = (torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in (h, logp, logq))
             self._observe_torch(stats, h, nb, logp, logq)
-        for name in vars(stats):
-            setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
+            for name in vars(stats):
+                setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
         return stats
+
+    def observe_drafted(self, hidden: torch.Tensor, target_logits: torch.Tensor, base_logits: torch.Tensor,
+                        steps: int, temperature: float) -> None:
+        """The CPU path's update (`native` banks) from the iteration's tensors as they are and
+        the recorded draft steps: positions (i, t < steps) of hidden [B, γ, d], target_logits
+        [B, γ+1, V] and base_logits [B, γ, V], at `temperature` (divided in Rust). No tensor
+        operation: each costs microseconds in a loop whose caches the models just flushed."""
+        f32 = kernels_cpu.host_f32
+        self._tally(None, *self.cpu.observe(f32(hidden), f32(target_logits), f32(base_logits), steps, temperature))
+
+    def _tally(self, stats: ObserveStats | None, updated: int, refreshed: int, evicted: int,
+               allocations: list[tuple[int, int]]) -> None:
+        """Adds one native update's figures to the totals (and to `stats`)."""
+        t = self.totals
+        t.updated, t.refreshed, t.evicted = t.updated + updated, t.refreshed + refreshed, t.evicted + evicted
+        t.allocated += len(allocations)
+        self.last_allocation = tuple(list(x) for x in zip(*allocations)) if allocations else ([], [])
+        if stats is not None:
+            stats.updated, stats.refreshed, stats.evicted, stats.allocated = \
+                updated, refreshed, evicted, len(allocations)
 
     def _observe_torch(self, stats: ObserveStats, h, nb: Neighbours, logp, logq) -> None:
         """The update in tensor ops (devices, and the reference on the CPU): matched positions in
@@ -199,28 +246,10 @@ class DriftBank:
     def _mark_valid(self, slots: list[int]) -> None:
         fresh = [s for s in slots if not self._valid_np[s]]
         if fresh:
-            if self.view is None:       # on the CPU path the mirror is the tensor's own memory
+            if self.cpu is None:        # on the CPU path the mirror is the tensor's own memory
                 self.valid[torch.tensor(fresh, device=self.valid.device)] = True
             self._valid_np[fresh] = True
-            self.n_valid += len(fresh)
-        self.hi = max(self.hi, max(slots) + 1)
-
-    # -- the same steps in one Rust call (CPU) --------------------------------------------------
-
-    def _observe_native(self, stats: ObserveStats, h, nb: Neighbours, logp, logq) -> None:
-        """`drift_bank_core::kernels::observe`: the steps of `_observe_torch` with the books, in
-        position order, in one call on the tensors' memory."""
-        c = self.cfg
-        arrays = [kernels_cpu.f32_array(t) for t in (h, logp, logq)]
-        arrays += [np.ascontiguousarray(host(t)) for t in (nb.idx, nb.sim, nb.weight)]
-        updated, refreshed, evicted, allocations, newly_valid = self.view.observe(
-            self.books, self.tenant, *arrays, c.tau, c.eta, c.adaptive_rate, USED_WEIGHT)
-        stats.updated, stats.refreshed, stats.evicted, stats.allocated = updated, refreshed, evicted, len(allocations)
-        if allocations:
-            pos, slots = (list(x) for x in zip(*allocations))
-            self.last_allocation = (pos, slots)
-            self.n_valid += len(newly_valid)
-            self.hi = max(self.hi, max(slots) + 1)
+        self.set_extent(max(self.hi, max(slots) + 1), self.n_valid + len(fresh))
 
     # -- figures -----------------------------------------------------------------------------
 

@@ -80,8 +80,7 @@ def load_bank(path: Path, cfg: DriftConfig, dim: int, vocab: int, device, key_dt
         valid = books.valid_slots()
         bank.valid[torch.tensor(valid, dtype=torch.long, device=bank.valid.device)] = True
         bank._valid_np[valid] = True
-        bank.n_valid = len(valid)
-        bank.hi = max(valid) + 1 if valid else 0
+        bank.set_extent(max(valid) + 1 if valid else 0, len(valid))
     return bank
 
 

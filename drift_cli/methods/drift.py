@@ -126,9 +126,7 @@ class DriftMethod(ModelDraftPolicy):
     def adjust(self, hidden: torch.Tensor, logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
         """hidden [B, d], sampling-space logits [B, V] -> logits + λβ (unchanged while the bank is empty)."""
         bank = self.bank
-        if bank is None or bank.n_valid == 0:
-            if bank is not None:
-                bank.skip_draft(logits.shape[0])
+        if bank is None:                                  # target-est before the map's first fit
             self._pending.append(None)
             return logits
         adjusted, nb = bank.draft_step(self.keymaps[self.tenant].map(hidden) if self.target_keyed else hidden, logits)
@@ -141,25 +139,29 @@ class DriftMethod(ModelDraftPolicy):
         """hidden [Q, d_draft] -> what the bank is keyed on: itself, or [Q, d_target] for target-est."""
         return self.keymaps[self.tenant].map(hidden) if self.target_keyed else hidden
 
-    @torch.inference_mode()
     def observe(self, feedback: Feedback) -> None:
         prop = feedback.proposal
         if prop.k == 0 or prop.hidden is None:
             return
-        if self.bank is not None:
-            self._update_bank(feedback)
-        if self.target_keyed:          # after the bank update, which used the map of the draft step
-            self._learn_key_map(feedback)
+        bank = self.bank
+        if bank is not None and bank.native and not self.target_keyed:
+            # the Rust path reads the tensors in place: no tensor operation, so no inference-mode
+            # guard either (entering one costs ~2 µs warm, several times that in this loop)
+            bank.observe_drafted(prop.hidden, feedback.target_logits, prop.base_logits, prop.k,
+                                 1.0 if feedback.sampler.greedy else feedback.sampler.temperature)
+            return
+        with torch.inference_mode():
+            if bank is not None:
+                self._update_bank(feedback)
+            if self.target_keyed:      # after the bank update, which used the map of the draft step
+                self._learn_key_map(feedback)
 
     def _update_bank(self, feedback: Feedback) -> None:
+        """The update through tensor operations (devices, the reference, target-est)."""
         prop = feedback.proposal
         k = prop.k
         b = prop.tokens.shape[0]
         temp = 1.0 if feedback.sampler.greedy else feedback.sampler.temperature
-        if self.bank.view is not None and not self.target_keyed:
-            h, logp, logq = _host_positions(feedback, b, k, temp)
-            self.bank.observe(h, self._neighbours(b, k), logp, logq)
-            return
         v = prop.base_logits.shape[-1]
         # unnormalised log p, log q at temperature `temp`: the bank normalises only where it must
         logp = feedback.target_logits[:, :k].float().reshape(b * k, v)
@@ -252,23 +254,6 @@ class DriftMethod(ModelDraftPolicy):
             out["key_map"] = {"memory_bytes": key_map_bytes,
                               "tenants": {name: m.stats() for name, m in self.keymaps.items()}}
         return out
-
-
-def _host_positions(feedback: Feedback, b: int, k: int, temp: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The CPU path's update inputs as numpy views, with no tensor operation (each costs
-    microseconds in a loop whose caches the models just flushed): h [b·k, d], log p and log q
-    [b·k, V] fp32 at temperature `temp` (unnormalised: the bank normalises where it must)."""
-    prop = feedback.proposal
-
-    def rows(t: torch.Tensor) -> np.ndarray:           # [B, ≥k, X] -> [B·k, X]
-        a = t.numpy() if t.dtype == torch.float32 else t.float().numpy()
-        return a[0, :k] if b == 1 else a[:, :k].reshape(b * k, a.shape[-1])
-
-    h, logp, logq = rows(prop.hidden), rows(feedback.target_logits), rows(prop.base_logits)
-    if temp != 1.0:
-        t = np.float32(temp)                             # as torch divides an fp32 tensor by a float
-        logp, logq = logp / t, logq / t
-    return h, logp, logq
 
 
 def snapshot_files(path: Path) -> dict[str, Path]:

@@ -1,6 +1,7 @@
-//! numpy in / out for `drift_bank_core::kernels` (DRIFT's CPU path). Shapes are checked here;
-//! the arithmetic lives in the core. Arrays must be C-contiguous (the Python side passes views
-//! of contiguous torch tensors), and the bank arrays are written in place.
+//! numpy and torch in / out for `drift_bank_core::kernels` (DRIFT's CPU path): the single ops
+//! (`drift_retrieve`, `drift_bias_add`, `drift_ema`, on C-contiguous arrays) and `CpuBank`, a
+//! bank's per-token and per-iteration calls on its tensors' memory. Shapes are checked here;
+//! the arithmetic lives in the core. Bank arrays are written in place.
 
 use drift_bank_core::kernels::{self, BankArrays, Positions, Retrieved, Rule, Support};
 use numpy::{
@@ -8,7 +9,9 @@ use numpy::{
     PyReadwriteArray2, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 fn contiguous<S>(name: &str, s: Result<S, numpy::AsSliceError>) -> PyResult<S> {
     s.map_err(|_| PyValueError::new_err(format!("{name} must be C-contiguous")))
@@ -91,69 +94,12 @@ type Found<'py> = (
     Bound<'py, PyArray2<f32>>,
 );
 
-/// What the bias add needs besides the neighbours: support, bias, z, out, λ.
-type BiasArgs<'a> = (Support<'a>, &'a [f32], &'a [f32], &'a mut [f32], f32);
-
 fn new_found<'py>(py: Python<'py>, q: usize, k: usize) -> Found<'py> {
     (
         PyArray2::<i64>::zeros(py, [q, k], false),
         PyArray2::<f32>::zeros(py, [q, k], false),
         PyArray2::<f32>::zeros(py, [q, k], false),
     )
-}
-
-/// Where retrievals go: idx, sim, weight, each [Q, k] row-major.
-type FoundSlices<'a> = (&'a mut [i64], &'a mut [f32], &'a mut [f32]);
-
-/// Retrieval for each query row, then (when `bias` is given) the bias add into `out`.
-fn draft_rows(
-    keys: &Keys<'_>,
-    h: &[f32],
-    k: usize,
-    inv_two_sigma_sq: f32,
-    (i, s, w): FoundSlices<'_>,
-    mut bias: Option<BiasArgs<'_>>,
-) {
-    thread_local! {
-        // reused across calls: the similarities [hi] and the vocabulary-wide accumulator, which
-        // the bias add leaves zeroed (a fresh 4-500 KB buffer per draft token is measurable)
-        static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-    }
-    SCRATCH.with_borrow_mut(|(scratch, acc)| {
-        let d = keys.dim;
-        let q = h.len() / d.max(1);
-        for row in 0..q {
-            let rk = row * k..(row + 1) * k;
-            kernels::nearest(
-                &h[row * d..(row + 1) * d],
-                keys.keys,
-                keys.valid,
-                inv_two_sigma_sq,
-                &mut i[rk.clone()],
-                &mut s[rk.clone()],
-                &mut w[rk.clone()],
-                scratch,
-            );
-            if let Some((support, b, z, out, gain)) = bias.as_mut() {
-                let v = z.len() / q;
-                if acc.len() != v {
-                    acc.clear();
-                    acc.resize(v, 0.0);
-                }
-                let rv = row * v..(row + 1) * v;
-                kernels::bias_add_row(
-                    &z[rv.clone()],
-                    &mut out[rv],
-                    &i[rk.clone()],
-                    &w[rk],
-                    *support,
-                    b,
-                    *gain,
-                    acc,
-                );
-            }
-        }
-    });
 }
 
 /// Retrieval only: (idx, sim, weight) [Q, k] over slots [0, hi).
@@ -180,19 +126,26 @@ pub fn drift_retrieve<'py>(
             found.1.readwrite(),
             found.2.readwrite(),
         );
-        let slices = (
+        let (i, s, w) = (
             contiguous("idx", i.as_slice_mut())?,
             contiguous("sim", s.as_slice_mut())?,
             contiguous("weight", w.as_slice_mut())?,
         );
-        draft_rows(
-            &keys,
-            contiguous("h", h.as_slice())?,
-            k,
-            inv_two_sigma_sq,
-            slices,
-            None,
-        );
+        let h = contiguous("h", h.as_slice())?;
+        let mut scratch = Vec::new();
+        for row in 0..q {
+            let rk = row * k..(row + 1) * k;
+            kernels::nearest(
+                &h[row * dh..(row + 1) * dh],
+                keys.keys,
+                keys.valid,
+                inv_two_sigma_sq,
+                &mut i[rk.clone()],
+                &mut s[rk.clone()],
+                &mut w[rk],
+                &mut scratch,
+            );
+        }
     }
     Ok(found)
 }
@@ -246,66 +199,6 @@ pub fn drift_bias_add<'py>(
     Ok(out)
 }
 
-/// One draft step for Q queries: retrieval over slots [0, hi) into idx/sim/weight [Q, k], then
-/// out [Q, V] = z + λβ; every output is the caller's array, written in place (no allocation on
-/// the per-token path).
-#[pyfunction]
-#[pyo3(signature = (keys, valid, support, bias, h, z, hi, inv_two_sigma_sq, gain, idx, sim, weight, out))]
-#[allow(clippy::too_many_arguments)]
-pub fn drift_draft_step<'py>(
-    keys: PyReadonlyArray2<'py, f32>,
-    valid: Option<PyReadonlyArray1<'py, bool>>,
-    support: Option<PyReadonlyArray2<'py, i64>>,
-    bias: PyReadonlyArray2<'py, f32>,
-    h: PyReadonlyArray2<'py, f32>,
-    z: PyReadonlyArray2<'py, f32>,
-    hi: usize,
-    inv_two_sigma_sq: f32,
-    gain: f32,
-    mut idx: PyReadwriteArray2<'py, i64>,
-    mut sim: PyReadwriteArray2<'py, f32>,
-    mut weight: PyReadwriteArray2<'py, f32>,
-    mut out: PyReadwriteArray2<'py, f32>,
-) -> PyResult<()> {
-    let keys_v = key_views(&keys, &valid, hi)?;
-    let ([q, dh], [qz, v], [qi, k]) = (dims2(h.shape()), dims2(z.shape()), dims2(idx.shape()));
-    check(
-        dh == keys_v.dim && q == qz && qi == q && dims2(out.shape()) == [q, v],
-        || {
-            format!(
-                "h [{q}, {dh}], z [{qz}, {v}], idx [{qi}, {k}], out and keys [.., {}] disagree",
-                keys_v.dim
-            )
-        },
-    )?;
-    check(
-        dims2(sim.shape()) == [q, k] && dims2(weight.shape()) == [q, k],
-        || "idx, sim and weight differ in shape".into(),
-    )?;
-    check(dims2(bias.shape())[0] == dims2(keys.shape())[0], || {
-        "bias and keys disagree on N".into()
-    })?;
-    let (support, b) = bias_views(&support, &bias, v)?;
-    let z = contiguous("z", z.as_slice())?;
-    let slices = (
-        contiguous("idx", idx.as_slice_mut())?,
-        contiguous("sim", sim.as_slice_mut())?,
-        contiguous("weight", weight.as_slice_mut())?,
-    );
-    let o = contiguous("out", out.as_slice_mut())?;
-    o.copy_from_slice(z);
-    let bias = (gain != 0.0).then_some((support, b, z, o, gain));
-    draft_rows(
-        &keys_v,
-        contiguous("h", h.as_slice())?,
-        k,
-        inv_two_sigma_sq,
-        slices,
-        bias,
-    );
-    Ok(())
-}
-
 /// The EMA step alone from given residuals [P, width], positions in order (rows of `h` pair
 /// with `slots`), in place.
 #[pyfunction]
@@ -353,135 +246,656 @@ pub fn drift_ema<'py>(
     Ok(())
 }
 
-struct Bank<'py> {
-    keys: PyReadwriteArray2<'py, f32>,
-    support: Option<PyReadwriteArray2<'py, i64>>,
-    bias: PyReadwriteArray2<'py, f32>,
-    counts: PyReadwriteArray1<'py, i64>,
+/// The rows of a float32 array, each row contiguous, rows at any stride: [R, X], or the first
+/// `per` rows of each batch of [B, T, X] (row r = (r / per, r % per)). The draft step's h and z
+/// are views `x[:, -1]` of [B, T, ·] tensors, and the update reads the first k of T positions;
+/// reading them in place spares a copy per call.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    data: &'a [f32],
+    outer: usize,
+    inner: usize,
+    per: usize,
+    n: usize,
+    width: usize,
 }
 
-struct Inputs<'py> {
-    h: PyReadonlyArray2<'py, f32>,
-    logp: PyReadonlyArray2<'py, f32>,
-    logq: PyReadonlyArray2<'py, f32>,
-}
-
-/// Checks shapes, then runs `f` on the core's views.
-fn with_views<R>(
-    bank: &mut Bank<'_>,
-    x: &Inputs<'_>,
-    f: impl FnOnce(&mut BankArrays<'_>, &Positions<'_>) -> R,
-) -> PyResult<R> {
-    let ([n, d], [p, dh]) = (dims2(bank.keys.shape()), dims2(x.h.shape()));
-    let ([pp, v], [pq, vq]) = (dims2(x.logp.shape()), dims2(x.logq.shape()));
-    check(d == dh && p == pp && p == pq && v == vq, || {
-        format!("h [{p}, {dh}], logp [{pp}, {v}], logq [{pq}, {vq}] and keys [{n}, {d}] disagree")
-    })?;
-    let [nb, width] = dims2(bank.bias.shape());
-    check(nb == n && bank.counts.len() == n, || {
-        "bias, counts and keys disagree on N".into()
-    })?;
-    match &bank.support {
-        Some(s) => check(dims2(s.shape()) == [n, width] && width <= v, || {
-            "bad support shape".into()
-        })?,
-        None => check(width == v, || {
-            format!("a full-vocabulary bias needs {v} columns")
-        })?,
+impl<'a> Rows<'a> {
+    fn row(&self, r: usize) -> &'a [f32] {
+        let at = (r / self.per) * self.outer + (r % self.per) * self.inner;
+        &self.data[at..at + self.width]
     }
-    let positions = Positions {
-        h: contiguous("h", x.h.as_slice())?,
-        logp: contiguous("logp", x.logp.as_slice())?,
-        logq: contiguous("logq", x.logq.as_slice())?,
-        vocab: v,
-    };
-    let mut arrays = BankArrays {
-        keys: contiguous("keys", bank.keys.as_slice_mut())?,
-        support: match bank.support.as_mut() {
-            Some(s) => Some(contiguous("support", s.as_slice_mut())?),
-            None => None,
-        },
-        bias: contiguous("bias", bank.bias.as_slice_mut())?,
-        counts: contiguous("counts", bank.counts.as_slice_mut())?,
-        dim: d,
-    };
-    Ok(f(&mut arrays, &positions))
+
+    /// All rows as one [n, width] slice when they lie back to back.
+    fn packed(&self) -> Option<&'a [f32]> {
+        let rows_packed = self.n <= 1 || self.inner == self.width;
+        let batches_packed = self.n <= self.per || self.outer == self.per * self.width;
+        (rows_packed && batches_packed).then(|| &self.data[..self.n * self.width])
+    }
+
+    /// [n, width] row-major: the slice itself when packed and `scale` is 1, else the rows copied
+    /// into `into` (each divided by `scale`, as torch divides an fp32 tensor by a float).
+    fn contiguous(&self, scale: f32, into: &'a mut Vec<f32>) -> &'a [f32] {
+        match self.packed() {
+            Some(s) if scale == 1.0 => s,
+            _ => {
+                into.clear();
+                for r in 0..self.n {
+                    into.extend(
+                        self.row(r)
+                            .iter()
+                            .map(|&x| if scale == 1.0 { x } else { x / scale }),
+                    );
+                }
+                into
+            }
+        }
+    }
 }
 
-type ObserveResult = (usize, usize, usize, Vec<(usize, usize)>, Vec<usize>);
+/// `a` as rows (see [`Rows`]), a float32 numpy array or CPU torch tensor: all rows of a 2-D
+/// one; the first `steps` positions of each batch of a 3-D one when `per` is Some(steps).
+fn f32_rows<'a>(name: &str, a: &'a Bound<'_, PyAny>, per: Option<usize>) -> PyResult<Rows<'a>> {
+    let elem = std::mem::size_of::<f32>() as isize;
+    if let Ok(arr) = a.cast::<numpy::PyUntypedArray>() {
+        let arr = arr
+            .cast::<numpy::PyArrayDyn<f32>>()
+            .map_err(|_| PyValueError::new_err(format!("{name} must be float32")))?;
+        check(arr.strides().iter().all(|&s| s % elem == 0), || {
+            format!("{name} has unaligned strides")
+        })?;
+        let strides: Vec<isize> = arr.strides().iter().map(|&s| s / elem).collect();
+        // SAFETY (for `layout_rows`): the array's buffer holds every element its shape and
+        // strides address, and `a` keeps it alive for 'a
+        return unsafe { layout_rows(name, arr.data() as usize, arr.shape(), &strides, per) };
+    }
+    let (ptr, shape, strides) = tensor_layout(name, a)?;
+    // SAFETY: as above, for a CPU tensor's storage (`a` holds the tensor)
+    unsafe { layout_rows(name, ptr, &shape, &strides, per) }
+}
 
-/// One iteration's whole update with the books (`drift_bank_core::kernels::observe`), in place.
-/// idx/sim/weight [P, k] are the draft step's retrievals. Returns (updated, refreshed, evicted,
-/// allocations [(position, slot)] in order, slots that became valid).
-#[pyfunction]
-#[pyo3(signature = (books, tenant, keys, support, bias, counts, valid, h, logp, logq, idx, sim, weight,
-                    tau, eta, adaptive, used_weight))]
-#[allow(clippy::too_many_arguments)]
-pub fn drift_observe<'py>(
-    mut books: PyRefMut<'py, crate::PyBooks>,
-    tenant: &str,
-    keys: PyReadwriteArray2<'py, f32>,
-    support: Option<PyReadwriteArray2<'py, i64>>,
-    bias: PyReadwriteArray2<'py, f32>,
-    counts: PyReadwriteArray1<'py, i64>,
-    mut valid: PyReadwriteArray1<'py, bool>,
-    h: PyReadonlyArray2<'py, f32>,
-    logp: PyReadonlyArray2<'py, f32>,
-    logq: PyReadonlyArray2<'py, f32>,
-    idx: PyReadonlyArray2<'py, i64>,
-    sim: PyReadonlyArray2<'py, f32>,
-    weight: PyReadonlyArray2<'py, f32>,
+/// A float32 CPU torch tensor's (data pointer, shape, strides in elements), read through five
+/// attribute calls made from here: `Tensor.numpy()` cost 5-10 µs per call inside the decoding
+/// loop (1.6 µs warm), these ~0.4 µs together.
+fn tensor_layout(name: &str, t: &Bound<'_, PyAny>) -> PyResult<(usize, Vec<usize>, Vec<isize>)> {
+    static FLOAT32: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let py = t.py();
+    let float32 = FLOAT32.get_or_try_init(py, || -> PyResult<_> {
+        Ok(py.import("torch")?.getattr("float32")?.unbind())
+    })?;
+    let bad = || {
+        PyValueError::new_err(format!(
+            "{name} must be a float32 CPU tensor or numpy array"
+        ))
+    };
+    let dtype = t.getattr(intern!(py, "dtype")).map_err(|_| bad())?;
+    if !dtype.is(float32.bind(py)) || !t.getattr(intern!(py, "is_cpu"))?.extract::<bool>()? {
+        return Err(bad());
+    }
+    let shape: Vec<usize> = t.getattr(intern!(py, "shape"))?.extract()?;
+    let strides: Vec<isize> = t.call_method0(intern!(py, "stride"))?.extract()?;
+    let ptr: usize = t.call_method0(intern!(py, "data_ptr"))?.extract()?;
+    Ok((ptr, shape, strides))
+}
+
+/// Rows over the float32 elements at `ptr` with this shape and strides (in elements).
+///
+/// # Safety
+/// Every element the shape and strides address from `ptr` must be readable for 'a.
+unsafe fn layout_rows<'a>(
+    name: &str,
+    ptr: usize,
+    shape: &[usize],
+    strides: &[isize],
+    per: Option<usize>,
+) -> PyResult<Rows<'a>> {
+    check(strides.iter().all(|&s| s >= 0), || {
+        format!("{name} has negative strides")
+    })?;
+    let st = |i: usize| strides[i] as usize;
+    let (outer, inner, rows_per, n, width) = match (shape.len(), per) {
+        (2, _) => (shape[0] * st(0), st(0), shape[0].max(1), shape[0], shape[1]),
+        (3, Some(steps)) => {
+            check(steps <= shape[1], || {
+                format!("{name} has {} positions, {steps} wanted", shape[1])
+            })?;
+            (st(0), st(1), steps.max(1), shape[0] * steps, shape[2])
+        }
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "{name} must be a {} array, got shape {shape:?}",
+                if per.is_some() { "[B, T, X]" } else { "[Q, X]" }
+            )))
+        }
+    };
+    check(width <= 1 || strides.last() == Some(&1), || {
+        format!("{name} rows must be contiguous")
+    })?;
+    let data: &[f32] = if n == 0 || width == 0 {
+        &[]
+    } else {
+        let r = n - 1;
+        let extent = (r / rows_per) * outer + (r % rows_per) * inner + width;
+        // SAFETY: the caller's promise; the rows read lie within [ptr, ptr + extent)
+        unsafe { std::slice::from_raw_parts(ptr as *const f32, extent) }
+    };
+    Ok(Rows {
+        data,
+        outer,
+        inner,
+        per: rows_per,
+        n,
+        width,
+    })
+}
+
+/// One proposal's retrievals, rows in draft order (step-major for a batch), [rows, k] each.
+#[derive(Default)]
+struct Recorded {
+    idx: Vec<i64>,
+    sim: Vec<f32>,
+    weight: Vec<f32>,
+    rows: usize,
+}
+
+impl Recorded {
+    /// q more rows, empty (-1, -inf, 0); returns the first.
+    fn push_empty(&mut self, q: usize, k: usize) -> usize {
+        let r = self.rows;
+        self.rows += q;
+        let n = self.rows * k;
+        self.idx.truncate(r * k);
+        self.sim.truncate(r * k);
+        self.weight.truncate(r * k);
+        self.idx.resize(n, -1);
+        self.sim.resize(n, f32::NEG_INFINITY);
+        self.weight.resize(n, 0.0);
+        r
+    }
+
+    /// The first `b * steps` rows batch-major (row (i, t) at i * steps + t).
+    fn batch_major(&self, b: usize, steps: usize, k: usize) -> (Vec<i64>, Vec<f32>, Vec<f32>) {
+        let order = |t: usize| {
+            let (i, s) = (t / steps.max(1), t % steps.max(1));
+            (s * b + i) * k..(s * b + i + 1) * k
+        };
+        let mut out = (Vec::new(), Vec::new(), Vec::new());
+        for t in 0..b * steps {
+            out.0.extend_from_slice(&self.idx[order(t)]);
+            out.1.extend_from_slice(&self.sim[order(t)]);
+            out.2.extend_from_slice(&self.weight[order(t)]);
+        }
+        out
+    }
+}
+
+/// A CPU bank's per-token and per-iteration work, one call each, on the bank tensors' own
+/// memory (numpy views of them, held here): `step` retrieves and adds the bias for one draft
+/// token and records the retrieval; `observe` runs the iteration's whole update with the books
+/// from those records. The per-token call takes three arrays: on this path Python glue, not
+/// arithmetic, was most of DRIFT's cost (each argument and each Python-level operation costs
+/// microseconds once the models' forward passes have flushed the caches).
+#[pyclass(module = "drift_cli._bank", name = "CpuBank", unsendable)]
+pub struct CpuBank {
+    arrays: Held,
+    books: Option<Py<crate::PyBooks>>,
+    tenant: String,
+    k: usize,
+    inv_two_sigma_sq: f32,
+    gain: f32,
     tau: f64,
     eta: f64,
     adaptive: bool,
     used_weight: f64,
-) -> PyResult<ObserveResult> {
-    let n = dims2(keys.shape())[0];
-    let [p, k] = dims2(idx.shape());
-    check(
-        dims2(sim.shape()) == [p, k] && dims2(weight.shape()) == [p, k],
-        || "idx, sim and weight differ in shape".into(),
-    )?;
-    check(dims2(h.shape())[0] == p, || {
-        format!("idx has {p} rows, h {}", dims2(h.shape())[0])
-    })?;
-    check(valid.len() == n, || "valid and keys disagree on N".into())?;
-    check(books.inner.capacity() as usize == n, || {
-        "the books' capacity is not the bank size".into()
-    })?;
-    let idx_s = contiguous("idx", idx.as_slice())?;
-    check(idx_s.iter().all(|&s| s < n as i64), || {
-        "a neighbour id is out of range".into()
-    })?;
-    let found = Retrieved {
-        idx: idx_s,
-        sim: contiguous("sim", sim.as_slice())?,
-        weight: contiguous("weight", weight.as_slice())?,
-        k,
-    };
-    let valid = contiguous("valid", valid.as_slice_mut())?;
-    let rule = Rule {
-        tau,
-        eta,
-        adaptive,
-        used_weight,
-    };
-    let mut bank = Bank {
-        keys,
-        support,
-        bias,
-        counts,
-    };
-    let x = Inputs { h, logp, logq };
-    let done = with_views(&mut bank, &x, |b, x| {
-        kernels::observe(&mut books.inner, tenant, b, valid, x, &found, &rule)
-    })?
-    .map_err(crate::py_err)?;
-    Ok((
-        done.updated,
-        done.refreshed,
-        done.evicted,
-        done.allocations,
-        done.newly_valid,
-    ))
+    hi: usize,
+    n_valid: usize,
+    found: Recorded,
+    scratch: Vec<f32>,
+    acc: Vec<f32>,
+    staged: [Vec<f32>; 3],
+}
+
+/// The bank tensors' numpy views, held (alive) by the `CpuBank`.
+struct Held {
+    keys: Py<PyArray2<f32>>,
+    valid: Py<numpy::PyArray1<bool>>,
+    support: Option<Py<PyArray2<i64>>>,
+    bias: Py<PyArray2<f32>>,
+    counts: Py<numpy::PyArray1<i64>>,
+    n: usize,
+    dim: usize,
+    width: usize,
+}
+
+/// The bank arrays as slices (shapes re-checked: numpy lets a shape be reassigned).
+struct Slices<'a> {
+    keys: &'a mut [f32],
+    valid: &'a mut [bool],
+    support: Option<&'a mut [i64]>,
+    bias: &'a mut [f32],
+    counts: &'a mut [i64],
+}
+
+impl Held {
+    fn slices<'a>(&'a self, py: Python<'a>) -> PyResult<Slices<'a>> {
+        let (keys, bias) = (self.keys.bind(py), self.bias.bind(py));
+        let (valid, counts) = (self.valid.bind(py), self.counts.bind(py));
+        check(
+            keys.shape() == [self.n, self.dim]
+                && bias.shape() == [self.n, self.width]
+                && valid.shape() == [self.n]
+                && counts.shape() == [self.n],
+            || "the bank arrays changed shape".into(),
+        )?;
+        // SAFETY: the arrays are held by `self` (alive), C-contiguous (checked at construction
+        // and by `as_slice_mut`) and distinct; the GIL is held and no Python code runs while the
+        // slices live, so nothing else reads or writes them meanwhile.
+        unsafe {
+            Ok(Slices {
+                keys: contiguous("keys", keys.as_slice_mut())?,
+                valid: contiguous("valid", valid.as_slice_mut())?,
+                support: match &self.support {
+                    Some(s) => {
+                        let s = s.bind(py);
+                        check(s.shape() == [self.n, self.width], || {
+                            "the bank arrays changed shape".into()
+                        })?;
+                        Some(contiguous("support", s.as_slice_mut())?)
+                    }
+                    None => None,
+                },
+                bias: contiguous("bias", bias.as_slice_mut())?,
+                counts: contiguous("counts", counts.as_slice_mut())?,
+            })
+        }
+    }
+}
+
+#[pymethods]
+impl CpuBank {
+    #[new]
+    #[pyo3(signature = (keys, valid, support, bias, counts, books, tenant, k, inv_two_sigma_sq, gain,
+                        tau, eta, adaptive, used_weight))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        keys: Bound<'_, PyArray2<f32>>,
+        valid: Bound<'_, numpy::PyArray1<bool>>,
+        support: Option<Bound<'_, PyArray2<i64>>>,
+        bias: Bound<'_, PyArray2<f32>>,
+        counts: Bound<'_, numpy::PyArray1<i64>>,
+        books: &Bound<'_, PyAny>,
+        tenant: String,
+        k: usize,
+        inv_two_sigma_sq: f32,
+        gain: f32,
+        tau: f64,
+        eta: f64,
+        adaptive: bool,
+        used_weight: f64,
+    ) -> PyResult<Self> {
+        let [n, dim] = dims2(keys.shape());
+        let [nb, width] = dims2(bias.shape());
+        check(nb == n && valid.len() == n && counts.len() == n, || {
+            "keys, valid, bias and counts disagree on N".into()
+        })?;
+        if let Some(s) = &support {
+            check(dims2(s.shape()) == [n, width], || {
+                "support and bias shapes differ".into()
+            })?;
+            check(s.is_c_contiguous(), || {
+                "support must be C-contiguous".into()
+            })?;
+        }
+        check(
+            keys.is_c_contiguous()
+                && bias.is_c_contiguous()
+                && valid.is_c_contiguous()
+                && counts.is_c_contiguous(),
+            || "the bank arrays must be C-contiguous".into(),
+        )?;
+        check(k >= 1, || "k must be at least 1".into())?;
+        // the extension's own books drive `observe`; any other books object leaves it to Python
+        let books = books
+            .cast::<crate::PyBooks>()
+            .ok()
+            .map(|b| b.clone().unbind());
+        if let Some(b) = &books {
+            check(
+                b.bind(keys.py()).borrow().inner.capacity() as usize == n,
+                || "the books' capacity is not the bank size".into(),
+            )?;
+        }
+        Ok(Self {
+            arrays: Held {
+                keys: keys.unbind(),
+                valid: valid.unbind(),
+                support: support.map(Bound::unbind),
+                bias: bias.unbind(),
+                counts: counts.unbind(),
+                n,
+                dim,
+                width,
+            },
+            books,
+            tenant,
+            k,
+            inv_two_sigma_sq,
+            gain,
+            tau,
+            eta,
+            adaptive,
+            used_weight,
+            hi: 0,
+            n_valid: 0,
+            found: Recorded::default(),
+            scratch: Vec::new(),
+            acc: Vec::new(),
+            staged: Default::default(),
+        })
+    }
+
+    /// 1 + the highest valid slot (retrieval scans slots [0, hi)).
+    #[getter]
+    fn hi(&self) -> usize {
+        self.hi
+    }
+
+    /// Valid prototypes.
+    #[getter]
+    fn n_valid(&self) -> usize {
+        self.n_valid
+    }
+
+    /// Sets (hi, n_valid) after the bank changed outside `observe` (a snapshot load).
+    fn set_extent(&mut self, hi: usize, n_valid: usize) -> PyResult<()> {
+        check(n_valid <= hi && hi <= self.arrays.n, || {
+            format!(
+                "need n_valid <= hi <= {}, got {n_valid}, {hi}",
+                self.arrays.n
+            )
+        })?;
+        (self.hi, self.n_valid) = (hi, n_valid);
+        Ok(())
+    }
+
+    /// Whether `observe` can run here (the books are the extension's own).
+    #[getter]
+    fn owns_books(&self) -> bool {
+        self.books.is_some()
+    }
+
+    /// A new proposal: forget the last one's retrievals.
+    fn begin(&mut self) {
+        self.found.rows = 0;
+    }
+
+    /// One draft step for h [Q, d], z [Q, V] (float32, rows contiguous): the k nearest of slots
+    /// [0, hi), recorded, then out [Q, V] = z + λβ. Returns False, leaving `out` untouched, when
+    /// the logits are unchanged (an empty bank, or λ = 0).
+    fn step(
+        &mut self,
+        h: &Bound<'_, PyAny>,
+        z: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let py = h.py();
+        let h = f32_rows("h", h, None)?;
+        check(h.width == self.arrays.dim, || {
+            format!("h has {} columns, the keys {}", h.width, self.arrays.dim)
+        })?;
+        let (q, k) = (h.n, self.k);
+        let r0 = self.found.push_empty(q, k);
+        if self.n_valid == 0 {
+            return Ok(false);
+        }
+        let b = self.arrays.slices(py)?;
+        let keys = &b.keys[..self.hi * self.arrays.dim];
+        let valid = (self.n_valid < self.hi).then(|| &b.valid[..self.hi]);
+        let f = &mut self.found;
+        for row in 0..q {
+            let rk = (r0 + row) * k..(r0 + row + 1) * k;
+            kernels::nearest(
+                h.row(row),
+                keys,
+                valid,
+                self.inv_two_sigma_sq,
+                &mut f.idx[rk.clone()],
+                &mut f.sim[rk.clone()],
+                &mut f.weight[rk],
+                &mut self.scratch,
+            );
+        }
+        if self.gain == 0.0 {
+            return Ok(false);
+        }
+        let z = f32_rows("z", z, None)?;
+        let v = z.width;
+        let out = out
+            .cast::<PyArray2<f32>>()
+            .map_err(|_| PyValueError::new_err("out must be a float32 numpy array"))?;
+        check(z.n == q && out.shape() == [q, v], || {
+            format!(
+                "z [{}, {v}], out {:?} and h [{q}, ..] disagree",
+                z.n,
+                out.shape()
+            )
+        })?;
+        check(
+            self.arrays.support.is_some() || v == self.arrays.width,
+            || {
+                format!(
+                    "a full-vocabulary bias needs {v} columns, has {}",
+                    self.arrays.width
+                )
+            },
+        )?;
+        let zr = z.data.as_ptr_range();
+        let or = out.data() as *const f32..unsafe { (out.data() as *const f32).add(q * v) };
+        check(or.end <= zr.start || zr.end <= or.start, || {
+            "out overlaps z".into()
+        })?;
+        // SAFETY: `out` is alive (borrowed), distinct from z (checked) and from the bank arrays
+        // (the caller's buffer); the GIL is held and no Python code runs meanwhile.
+        let o = unsafe { contiguous("out", out.as_slice_mut())? };
+        let support = match &b.support {
+            Some(ids) => Support::Sparse {
+                ids,
+                m: self.arrays.width,
+            },
+            None => Support::Full,
+        };
+        if self.acc.len() != v {
+            self.acc.clear();
+            self.acc.resize(v, 0.0);
+        }
+        for row in 0..q {
+            let (rk, rv) = ((r0 + row) * k..(r0 + row + 1) * k, row * v..(row + 1) * v);
+            o[rv.clone()].copy_from_slice(z.row(row));
+            kernels::bias_add_row(
+                z.row(row),
+                &mut o[rv],
+                &f.idx[rk.clone()],
+                &f.weight[rk],
+                support,
+                b.bias,
+                self.gain,
+                &mut self.acc,
+            );
+        }
+        Ok(true)
+    }
+
+    /// The first `steps` draft steps' retrievals for a batch of b, as (idx, sim, weight)
+    /// [b·steps, k] batch-major copies.
+    fn drafted<'py>(&self, py: Python<'py>, b: usize, steps: usize) -> PyResult<Found<'py>> {
+        check(b * steps <= self.found.rows, || {
+            "fewer draft rows recorded than positions asked for".into()
+        })?;
+        let (i, s, w) = self.found.batch_major(b, steps, self.k);
+        let shape = [b * steps, self.k];
+        let arr = |e: PyErr| e;
+        Ok((
+            numpy::PyArray1::from_vec(py, i)
+                .reshape(shape)
+                .map_err(arr)?,
+            numpy::PyArray1::from_vec(py, s)
+                .reshape(shape)
+                .map_err(arr)?,
+            numpy::PyArray1::from_vec(py, w)
+                .reshape(shape)
+                .map_err(arr)?,
+        ))
+    }
+
+    /// One iteration's whole update with the books (`drift_bank_core::kernels::observe`), in
+    /// place. h [B, T, d], logp, logq [B, T', V] (T, T' >= steps; float32, rows contiguous):
+    /// positions (i, t < steps) batch-major, log-probabilities at `temperature` (divided here;
+    /// unnormalised will do). 2-D [P, ·] arrays are taken as they are. The neighbours are the
+    /// recorded draft steps', or idx/sim/weight [P, k] when given. Returns (updated, refreshed,
+    /// evicted, [(position, slot)] allocated in order). idx/sim/weight may hold any number of
+    /// neighbours per position.
+    #[pyo3(signature = (h, logp, logq, steps, temperature = 1.0, idx = None, sim = None, weight = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn observe(
+        &mut self,
+        h: &Bound<'_, PyAny>,
+        logp: &Bound<'_, PyAny>,
+        logq: &Bound<'_, PyAny>,
+        steps: usize,
+        temperature: f32,
+        idx: Option<PyReadonlyArray2<'_, i64>>,
+        sim: Option<PyReadonlyArray2<'_, f32>>,
+        weight: Option<PyReadonlyArray2<'_, f32>>,
+    ) -> PyResult<(usize, usize, usize, Vec<(usize, usize)>)> {
+        let py = h.py();
+        let books = self
+            .books
+            .as_ref()
+            .ok_or_else(|| {
+                PyValueError::new_err("these books are not the extension's: observe in Python")
+            })?
+            .clone_ref(py);
+        let (hr, pr, qr) = (
+            f32_rows("h", h, Some(steps))?,
+            f32_rows("logp", logp, Some(steps))?,
+            f32_rows("logq", logq, Some(steps))?,
+        );
+        let p = hr.n;
+        check(
+            hr.width == self.arrays.dim && pr.n == p && qr.n == p && pr.width == qr.width,
+            || {
+                format!(
+                    "h [{p}, {}], logp [{}, {}], logq [{}, {}] and keys [.., {}] disagree",
+                    hr.width, pr.n, pr.width, qr.n, qr.width, self.arrays.dim
+                )
+            },
+        )?;
+        let v = pr.width;
+        check(
+            if self.arrays.support.is_some() {
+                self.arrays.width <= v
+            } else {
+                self.arrays.width == v
+            },
+            || {
+                format!(
+                    "bias width {} does not fit a vocabulary of {v}",
+                    self.arrays.width
+                )
+            },
+        )?;
+        check(temperature > 0.0, || "temperature must be positive".into())?;
+        let k = self.k;
+        let given;
+        let reordered;
+        let found = match (&idx, &sim, &weight) {
+            (Some(i), Some(s), Some(w)) => {
+                let k = i.shape()[1]; // any number of neighbours
+                check(
+                    i.shape() == [p, k] && s.shape() == [p, k] && w.shape() == [p, k],
+                    || format!("idx, sim and weight must be [{p}, k] alike"),
+                )?;
+                let i = contiguous("idx", i.as_slice())?;
+                check(i.iter().all(|&s| s < self.arrays.n as i64), || {
+                    "a neighbour id is out of range".into()
+                })?;
+                given = (
+                    i,
+                    contiguous("sim", s.as_slice())?,
+                    contiguous("weight", w.as_slice())?,
+                );
+                Retrieved {
+                    idx: given.0,
+                    sim: given.1,
+                    weight: given.2,
+                    k,
+                }
+            }
+            (None, None, None) => {
+                check(
+                    p <= self.found.rows && (steps == 0 || p % steps == 0),
+                    || format!("{p} positions, {} draft rows recorded", self.found.rows),
+                )?;
+                let b = if steps == 0 { 0 } else { p / steps };
+                if b <= 1 {
+                    Retrieved {
+                        idx: &self.found.idx[..p * k],
+                        sim: &self.found.sim[..p * k],
+                        weight: &self.found.weight[..p * k],
+                        k,
+                    }
+                } else {
+                    reordered = self.found.batch_major(b, steps, k);
+                    Retrieved {
+                        idx: &reordered.0,
+                        sim: &reordered.1,
+                        weight: &reordered.2,
+                        k,
+                    }
+                }
+            }
+            _ => {
+                return Err(PyValueError::new_err(
+                    "give idx, sim and weight together, or none",
+                ))
+            }
+        };
+        let [sh, sp, sq] = &mut self.staged;
+        let x = Positions {
+            h: hr.contiguous(1.0, sh),
+            logp: pr.contiguous(temperature, sp),
+            logq: qr.contiguous(temperature, sq),
+            vocab: v,
+        };
+        let rule = Rule {
+            tau: self.tau,
+            eta: self.eta,
+            adaptive: self.adaptive,
+            used_weight: self.used_weight,
+        };
+        let s = self.arrays.slices(py)?;
+        let mut arrays = BankArrays {
+            keys: s.keys,
+            support: s.support,
+            bias: s.bias,
+            counts: s.counts,
+            dim: self.arrays.dim,
+        };
+        let mut books = books.bind(py).borrow_mut();
+        let done = kernels::observe(
+            &mut books.inner,
+            &self.tenant,
+            &mut arrays,
+            s.valid,
+            &x,
+            &found,
+            &rule,
+        )
+        .map_err(crate::py_err)?;
+        self.n_valid += done.newly_valid.len();
+        if let Some(top) = done.allocations.iter().map(|&(_, slot)| slot).max() {
+            self.hi = self.hi.max(top + 1);
+        }
+        Ok((done.updated, done.refreshed, done.evicted, done.allocations))
+    }
 }

@@ -497,9 +497,8 @@ fn _bank(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_snapshot_summary, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::drift_retrieve, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::drift_bias_add, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::drift_draft_step, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::drift_ema, m)?)?;
-    m.add_function(wrap_pyfunction!(kernels::drift_observe, m)?)?;
+    m.add_class::<kernels::CpuBank>()?;
     m.add("SNAPSHOT_FORMAT_VERSION", FORMAT_VERSION)?;
     Ok(())
 }

@@ -373,15 +373,20 @@ fn full_residual(lp: &[f32], lq: &[f32], r: &mut [f32]) {
     }
 }
 
-/// First index of the maximum (as numpy's and torch's argmax).
+/// First index of the maximum (as numpy's and torch's argmax; NaN-blind, 0 for an empty or all
+/// -inf row): the vectorised maximum, then the first position holding it (a scalar running
+/// argmax carries a dependency from element to element, ~4x slower over a vocabulary).
 fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
+    #[cfg(target_arch = "x86_64")]
+    let top = if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked at run time).
+        unsafe { row_max_avx2(x) }
+    } else {
+        row_max(x)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let top = row_max(x);
+    x.iter().position(|&v| v == top).unwrap_or(0)
 }
 
 /// One prototype's EMA step: rate η_i = max(η, 1/(n_i + 1)) (or η), B ← (1 - η_i)·B + η_i·r,
@@ -687,6 +692,34 @@ mod tests {
         let want = row.iter().map(|&x| (x as f64).exp()).sum::<f64>().ln();
         assert!(((row_log_sum_exp(&row) as f64) - want).abs() < 2e-6);
         assert_eq!(row_log_sum_exp(&[f32::NEG_INFINITY; 3]), f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn argmax_takes_the_first_maximum() {
+        let scalar = |x: &[f32]| {
+            let mut best = 0;
+            for (i, &v) in x.iter().enumerate() {
+                if v > x[best] {
+                    best = i;
+                }
+            }
+            best
+        };
+        for n in [1usize, 7, 8, 9, 33, 4099] {
+            let mut x: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 1013) as f32) * 0.01 - 3.0)
+                .collect();
+            assert_eq!(argmax(&x), scalar(&x), "n {n}");
+            if n > 3 {
+                let top = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) + 1.0;
+                x[n / 3] = top; // two equal maxima: the first wins
+                x[n - 1] = top;
+                assert_eq!(argmax(&x), n / 3);
+            }
+        }
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 5]), 0);
+        assert_eq!(argmax(&[]), 0);
+        assert_eq!(argmax(&[1.0, f32::NAN, 2.0]), 2);
     }
 
     #[test]
