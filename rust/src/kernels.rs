@@ -443,10 +443,7 @@ pub struct CpuBank {
     k: usize,
     inv_two_sigma_sq: f32,
     gain: f32,
-    tau: f64,
-    eta: f64,
-    adaptive: bool,
-    used_weight: f64,
+    rule: Rule,
     hi: usize,
     n_valid: usize,
     found: Recorded,
@@ -581,10 +578,12 @@ impl CpuBank {
             k,
             inv_two_sigma_sq,
             gain,
-            tau,
-            eta,
-            adaptive,
-            used_weight,
+            rule: Rule {
+                tau,
+                eta,
+                adaptive,
+                used_weight,
+            },
             hi: 0,
             n_valid: 0,
             found: Recorded::default(),
@@ -867,12 +866,6 @@ impl CpuBank {
             logq: qr.contiguous(temperature, sq),
             vocab: v,
         };
-        let rule = Rule {
-            tau: self.tau,
-            eta: self.eta,
-            adaptive: self.adaptive,
-            used_weight: self.used_weight,
-        };
         let s = self.arrays.slices(py)?;
         let mut arrays = BankArrays {
             keys: s.keys,
@@ -889,7 +882,7 @@ impl CpuBank {
             s.valid,
             &x,
             &found,
-            &rule,
+            &self.rule,
         )
         .map_err(crate::py_err)?;
         self.n_valid += done.newly_valid.len();

@@ -538,6 +538,7 @@ pub struct Retrieved<'a> {
 }
 
 /// The knobs `observe` needs.
+#[derive(Clone, Copy, Debug)]
 pub struct Rule {
     /// compared in f64, as Python compares an fp32 similarity with a float
     pub tau: f64,
