@@ -168,3 +168,44 @@ def test_unnormalised_log_probabilities_give_the_same_bank(backend):
     assert a.n_valid == c.n_valid > 0 and torch.equal(a.support, c.support)
     torch.testing.assert_close(a.bias, c.bias, atol=1e-4, rtol=0)
     torch.testing.assert_close(a.keys, c.keys, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("m", [3, 0])
+@torch.inference_mode()
+def test_cpu_bank_iteration_on_the_engines_tensors_matches_the_reference(m):
+    """A batch of 2 at T = 0.8 on the CPU path as the engine drives it (draft steps on strided
+    [B, d] / [B, V] views, then the update read in place from the iteration's [B, γ(+1), ·] tensors
+    with the recorded retrievals reordered batch-major) leaves the bank as the reference does,
+    with a sparse support (m = 3) and with full-vocabulary biases (m = 0)."""
+    g = torch.Generator().manual_seed(7)
+    d, v, steps, temp = 6, 10, 3, 0.8
+    kw = dict(n=16, d=d, m=m, v=v, tau=0.5, neighbors=2, gain=1.5)
+    fast, ref = bank(backend="cpu", **kw), bank(backend="reference", **kw)
+    assert fast.native and ref.cpu is None
+    empty = Neighbours(torch.full((2, 2), -1), torch.full((2, 2), float("-inf")), torch.zeros(2, 2))
+    for _ in range(5):
+        hidden = torch.randn(2, steps, d, generator=g)
+        draft_logits = torch.randn(2, steps, v, generator=g) * 3
+        target_logits = torch.randn(2, steps + 1, v, generator=g) * 3
+        fast.begin_draft()
+        found = []
+        for t in range(steps):
+            z = draft_logits[:, t] / temp
+            out, _ = fast.draft_step(hidden[:, t], z)                   # hidden[:, t]: row stride γ·d
+            want, nb = ref.draft_step(hidden[:, t].contiguous(), z)
+            torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+            found.append(nb if nb is not None else empty)
+        recorded = fast.drafted(2, steps)
+        by_batch = Neighbours(*(torch.stack([getattr(nb, f) for nb in found], 1).reshape(2 * steps, 2)
+                                for f in ("idx", "sim", "weight")))
+        assert torch.equal(torch.from_numpy(recorded.idx), by_batch.idx)
+        fast.observe_drafted(hidden, target_logits, draft_logits, steps, temp)
+        ref.observe(hidden.reshape(2 * steps, d), by_batch, target_logits[:, :steps].reshape(-1, v) / temp,
+                    draft_logits.reshape(-1, v) / temp)
+    assert fast.n_valid == ref.n_valid > 0 and fast.hi == ref.hi
+    assert torch.equal(fast.counts, ref.counts) and torch.equal(fast.valid, ref.valid)
+    if m:
+        assert torch.equal(fast.support, ref.support)
+    torch.testing.assert_close(fast.keys, ref.keys, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fast.bias, ref.bias, atol=1e-4, rtol=0)
+    assert fast.totals == ref.totals and fast.totals.updated > 0
