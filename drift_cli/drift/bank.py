@@ -80,6 +80,7 @@ class DriftBank:
         return self.cpu.hi if self.cpu is not None else self._hi
 
     def set_extent(self, hi: int, n_valid: int) -> None:
+        """Sets hi and n_valid after the valid slots changed (an allocation, a snapshot load)."""
         if self.cpu is not None:
             self.cpu.set_extent(hi, n_valid)
         self._hi, self._n_valid = hi, n_valid
