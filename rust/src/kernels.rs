@@ -315,8 +315,9 @@ fn f32_rows<'a>(name: &str, a: &'a Bound<'_, PyAny>, per: Option<usize>) -> PyRe
 }
 
 /// A float32 CPU torch tensor's (data pointer, shape, strides in elements), read through five
-/// attribute calls made from here: `Tensor.numpy()` cost 5-10 µs per call inside the decoding
-/// loop (1.6 µs warm), these ~0.4 µs together.
+/// attribute calls made from here. Warm they cost about what `Tensor.numpy()` does; with cold
+/// caches, as inside the decoding loop, a draft step that takes h and z this way saved ~8 µs
+/// of ~38 (`benchmarks/bench_cpu_step.py`).
 fn tensor_layout(name: &str, t: &Bound<'_, PyAny>) -> PyResult<(usize, Vec<usize>, Vec<isize>)> {
     static FLOAT32: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = t.py();
