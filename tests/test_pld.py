@@ -8,16 +8,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drift_cli.engine.lm import CausalLM
-from drift_cli.engine.loop import DecodeConfig, run_stream
 from drift_cli.errors import BadInput
-from drift_cli.methods.ar import Autoregressive
 from drift_cli.methods.base import MethodContext
 from drift_cli.methods.pld import NgramIndex, PldConfig, PromptLookup
-from drift_cli.stream import Prompt, Stream
 from tests.exactness import SIGNIFICANCE, sampling_p_value
 from tests.models import tiny_pair
-from tests.recording import SAMPLING_PROMPT, VOCAB, CountingProposals, drafter_sampling_run
+from tests.recording import SAMPLING_PROMPT, VOCAB, CountingProposals, drafter_sampling_run, greedy_against_ar
 
 
 def brute_lookup(ids: list[int], max_ngram: int, max_tokens: int) -> list[int]:
@@ -51,10 +47,6 @@ def test_lookup_prefers_the_longest_ngram_then_the_most_recent_occurrence():
     assert short.lookup(3) == [5, 6, 1]
 
 
-def _stream(prompts: list[list[int]], max_new: int) -> Stream:
-    return Stream("unit", "test", [Prompt(tuple(p), f"d{i}") for i, p in enumerate(prompts)], max_new)
-
-
 class Recording(CountingProposals, PromptLookup):
     """Counts iterations and non-empty proposals."""
 
@@ -66,13 +58,8 @@ REPETITIVE = [[3, 9, 4, 3, 9, 4, 3, 9], [1], [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 2, 1
 @pytest.mark.parametrize("max_ngram", [1, 3])
 @pytest.mark.parametrize("scale", [1.0, 8.0])
 def test_greedy_output_equals_ar(gamma, max_ngram, scale):
-    _, target = tiny_pair(scale=scale)
-    stream = _stream(REPETITIVE, max_new=30)
-    cfg = DecodeConfig(gamma=gamma, max_new_tokens=30)
-    lm = CausalLM(target, "target")
-    ar = run_stream(lm, Autoregressive(), stream, cfg)
     policy = Recording(PldConfig(max_ngram=max_ngram))
-    pld = run_stream(lm, policy, stream, cfg)
+    ar, pld = greedy_against_ar(policy, REPETITIVE, gamma, scale)
     assert [g.output_ids for g in pld.generations] == [g.output_ids for g in ar.generations]
     drafted = sum(s.drafted for s in pld.steps)
     assert drafted > 0 and sum(s.accepted for s in pld.steps) > 0
@@ -131,14 +118,9 @@ def test_wrong_proposal_distribution_is_detected():
 
 
 def test_greedy_with_eos_equals_ar():
-    _, target = tiny_pair(scale=8.0)
-    lm = CausalLM(target, "target")
-    stream = _stream(REPETITIVE, max_new=30)
-    plain = run_stream(lm, Autoregressive(), stream, DecodeConfig(gamma=4, max_new_tokens=30))
+    plain, _ = greedy_against_ar(Recording(), REPETITIVE, 4, 8.0)
     eos = plain.generations[0].output_ids[12]
-    dc = DecodeConfig(gamma=4, max_new_tokens=30, eos_id=eos)
-    ar = run_stream(lm, Autoregressive(), stream, dc)
     policy = Recording()
-    run = run_stream(lm, policy, stream, dc)
+    ar, run = greedy_against_ar(policy, REPETITIVE, 4, 8.0, eos_id=eos)
     assert [g.output_ids for g in run.generations] == [g.output_ids for g in ar.generations]
     assert any(g.hit_eos for g in ar.generations) and policy.proposed > 0

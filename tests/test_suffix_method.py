@@ -10,13 +10,11 @@ from click.testing import CliRunner
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, run_stream
 from drift_cli.errors import BadInput
-from drift_cli.methods.ar import Autoregressive
 from drift_cli.methods.base import MethodContext
 from drift_cli.methods.suffix import SuffixConfig, SuffixDecoding
-from drift_cli.stream import Prompt, Stream
 from tests.exactness import SIGNIFICANCE
 from tests.models import tiny_pair
-from tests.recording import CountingProposals, drafter_sampling_run
+from tests.recording import CountingProposals, drafter_sampling_run, greedy_against_ar, unit_stream
 
 
 class Recording(CountingProposals, SuffixDecoding):
@@ -25,11 +23,6 @@ class Recording(CountingProposals, SuffixDecoding):
         # the policy's mirror of the context is the engine's context
         assert self._context == context[0].tolist()
         return prop
-
-
-def _stream(prompts, max_new, tenants=None):
-    tenants = tenants or [None] * len(prompts)
-    return Stream("unit", "test", [Prompt(tuple(p), f"d{i}", tenant=t) for i, (p, t) in enumerate(zip(prompts, tenants, strict=True))], max_new)
 
 
 # Later prompts repeat earlier ones, so the stream trie (earlier outputs) gets used too.
@@ -41,13 +34,8 @@ PROMPTS = [[3, 9, 4, 3, 9, 4, 3, 9], [1], [5, 6, 7, 8, 5, 6, 2, 11], [3, 9, 4], 
                          ids=["default", "shallow"])
 @pytest.mark.parametrize("scale", [1.0, 8.0])
 def test_greedy_output_equals_ar(gamma, cfg, scale):
-    _, target = tiny_pair(scale=scale)
-    stream = _stream(PROMPTS, max_new=30)
-    dc = DecodeConfig(gamma=gamma, max_new_tokens=30)
-    lm = CausalLM(target, "target")
-    ar = run_stream(lm, Autoregressive(), stream, dc)
     policy = Recording(cfg)
-    run = run_stream(lm, policy, stream, dc)
+    ar, run = greedy_against_ar(policy, PROMPTS, gamma, scale)
     assert [g.output_ids for g in run.generations] == [g.output_ids for g in ar.generations]
     assert sum(s.drafted for s in run.steps) == policy.proposed > 0
     assert sum(s.accepted for s in run.steps) > 0
@@ -84,7 +72,7 @@ def test_draft_length_grows_with_the_match_and_never_exceeds_gamma():
 def test_token_budget_evicts_the_oldest_outputs():
     _, target = tiny_pair(scale=8.0)
     prompts = [[i, i + 1, i + 2] for i in range(0, 30, 3)]
-    stream = _stream(prompts, max_new=20)
+    stream = unit_stream(prompts, max_new=20)
     policy = SuffixDecoding(SuffixConfig(max_tokens=50))
     run = run_stream(CausalLM(target, "target"), policy, stream, DecodeConfig(gamma=3, max_new_tokens=20))
     rep = run.report
@@ -124,15 +112,11 @@ def test_options_and_validation():
 
 
 def test_greedy_with_tenants_and_eos_equals_ar():
-    _, target = tiny_pair(scale=8.0)
-    lm = CausalLM(target, "target")
-    stream = _stream(PROMPTS, max_new=30, tenants=["a", "b", "a", "b", None, "a"])
-    plain = run_stream(lm, Autoregressive(), stream, DecodeConfig(gamma=4, max_new_tokens=30))
+    tenants = ["a", "b", "a", "b", None, "a"]
+    plain, _ = greedy_against_ar(Recording(), PROMPTS, 4, 8.0, tenants=tenants)
     eos = plain.generations[0].output_ids[12]      # a token the target does emit
-    dc = DecodeConfig(gamma=4, max_new_tokens=30, eos_id=eos)
-    ar = run_stream(lm, Autoregressive(), stream, dc)
     policy = Recording()
-    run = run_stream(lm, policy, stream, dc)
+    ar, run = greedy_against_ar(policy, PROMPTS, 4, 8.0, eos_id=eos, tenants=tenants)
     assert [g.output_ids for g in run.generations] == [g.output_ids for g in ar.generations]
     assert any(g.hit_eos for g in ar.generations) and policy.proposed > 0
     assert run.report["suffix_stream_tenants"] == 3
@@ -154,7 +138,7 @@ def test_state_never_crosses_streams():
     """begin_stream forgets earlier outputs: the same stream run twice drafts identically."""
     _, target = tiny_pair(scale=8.0)
     lm = CausalLM(target, "target")
-    stream = _stream(PROMPTS, max_new=20)
+    stream = unit_stream(PROMPTS, max_new=20)
     policy = SuffixDecoding()
     first = run_stream(lm, policy, stream, DecodeConfig(gamma=4, max_new_tokens=20))
     second = run_stream(lm, policy, stream, DecodeConfig(gamma=4, max_new_tokens=20))
