@@ -40,6 +40,7 @@ fn main() {
                 s += dot(r, &h);
             }
         }
+        let c = t.elapsed() / reps;
         let row: Vec<f32> = (0..4096)
             .map(|i| ((i * 37 % 101) as f32) * 0.2 - 9.0)
             .collect();
@@ -49,9 +50,6 @@ fn main() {
             z += row_log_sum_exp(&row);
         }
         println!("row_log_sum_exp(4096) {:?} ({z})", t.elapsed() / reps);
-        println!(
-            "nearest {a:?}  blocked dots {b:?}  row-by-row dots {:?} ({s})",
-            t.elapsed() / reps
-        );
+        println!("nearest {a:?}  blocked dots {b:?}  row-by-row dots {c:?} ({s})");
     }
 }
