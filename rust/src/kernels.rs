@@ -67,24 +67,95 @@ fn bias_views<'a>(
     v: usize,
 ) -> PyResult<(Support<'a>, &'a [f32])> {
     let [_, width] = dims2(bias.shape());
-    let support = match support {
+    let ids = match support {
         Some(s) => {
             check(dims2(s.shape()) == dims2(bias.shape()), || {
                 "support and bias shapes differ".into()
             })?;
-            Support::Sparse {
-                ids: contiguous("support", s.as_slice())?,
-                m: width,
-            }
+            Some(contiguous("support", s.as_slice())?)
         }
+        None => None,
+    };
+    Ok((
+        support_view(ids, width, v)?,
+        contiguous("bias", bias.as_slice())?,
+    ))
+}
+
+/// What bias rows of `width` cover for logits of width `v`: the support ids [N, width], or the
+/// whole vocabulary (then `width` must be `v`).
+fn support_view(ids: Option<&[i64]>, width: usize, v: usize) -> PyResult<Support<'_>> {
+    match ids {
+        Some(ids) => Ok(Support::Sparse { ids, m: width }),
         None => {
             check(width == v, || {
                 format!("a full-vocabulary bias needs {v} columns, has {width}")
             })?;
-            Support::Full
+            Ok(Support::Full)
         }
-    };
-    Ok((support, contiguous("bias", bias.as_slice())?))
+    }
+}
+
+/// Where retrievals go: idx, sim, weight, each [Q, k] row-major.
+type FoundRows<'a> = (&'a mut [i64], &'a mut [f32], &'a mut [f32]);
+
+/// The k nearest of `keys` for each row of h, into rows 0..h.n of `found` (k = its width).
+fn retrieve_rows(
+    h: &Rows<'_>,
+    keys: &[f32],
+    valid: Option<&[bool]>,
+    inv_two_sigma_sq: f32,
+    (idx, sim, w): FoundRows<'_>,
+    scratch: &mut Vec<f32>,
+) {
+    let k = idx.len() / h.n.max(1);
+    for row in 0..h.n {
+        let rk = row * k..(row + 1) * k;
+        kernels::nearest(
+            h.row(row),
+            keys,
+            valid,
+            inv_two_sigma_sq,
+            &mut idx[rk.clone()],
+            &mut sim[rk.clone()],
+            &mut w[rk],
+            scratch,
+        );
+    }
+}
+
+/// out [Q, V] = z + λβ row by row, from the neighbours idx / w [Q, k] (row-major). `acc` is
+/// the vocabulary-wide scratch row, left zeroed.
+#[allow(clippy::too_many_arguments)]
+fn add_bias_rows(
+    z: &Rows<'_>,
+    out: &mut [f32],
+    idx: &[i64],
+    w: &[f32],
+    support: Support<'_>,
+    bias: &[f32],
+    gain: f32,
+    acc: &mut Vec<f32>,
+) {
+    let (v, k) = (z.width, idx.len() / z.n.max(1));
+    if acc.len() != v {
+        acc.clear();
+        acc.resize(v, 0.0);
+    }
+    for row in 0..z.n {
+        let (rk, rv) = (row * k..(row + 1) * k, row * v..(row + 1) * v);
+        out[rv.clone()].copy_from_slice(z.row(row));
+        kernels::bias_add_row(
+            z.row(row),
+            &mut out[rv],
+            &idx[rk.clone()],
+            &w[rk],
+            support,
+            bias,
+            gain,
+            acc,
+        );
+    }
 }
 
 /// (idx, sim, weight) [Q, k].
@@ -131,21 +202,15 @@ pub fn drift_retrieve<'py>(
             contiguous("sim", s.as_slice_mut())?,
             contiguous("weight", w.as_slice_mut())?,
         );
-        let h = contiguous("h", h.as_slice())?;
-        let mut scratch = Vec::new();
-        for row in 0..q {
-            let rk = row * k..(row + 1) * k;
-            kernels::nearest(
-                &h[row * dh..(row + 1) * dh],
-                keys.keys,
-                keys.valid,
-                inv_two_sigma_sq,
-                &mut i[rk.clone()],
-                &mut s[rk.clone()],
-                &mut w[rk],
-                &mut scratch,
-            );
-        }
+        let h = Rows::of_slice(contiguous("h", h.as_slice())?, dh);
+        retrieve_rows(
+            &h,
+            keys.keys,
+            keys.valid,
+            inv_two_sigma_sq,
+            (i, s, w),
+            &mut Vec::new(),
+        );
     }
     Ok(found)
 }
@@ -180,21 +245,8 @@ pub fn drift_bias_add<'py>(
     {
         let mut o = out.readwrite();
         let o = contiguous("out", o.as_slice_mut())?;
-        o.copy_from_slice(z);
-        let mut acc = vec![0f32; v];
-        for row in 0..q {
-            let (rk, rv) = (row * k..(row + 1) * k, row * v..(row + 1) * v);
-            kernels::bias_add_row(
-                &z[rv.clone()],
-                &mut o[rv],
-                &idx[rk.clone()],
-                &w[rk],
-                support,
-                b,
-                gain,
-                &mut acc,
-            );
-        }
+        let z = Rows::of_slice(z, v);
+        add_bias_rows(&z, o, idx, w, support, b, gain, &mut Vec::new());
     }
     Ok(out)
 }
@@ -261,6 +313,19 @@ struct Rows<'a> {
 }
 
 impl<'a> Rows<'a> {
+    /// The rows of a C-contiguous [len / width, width] slice.
+    fn of_slice(data: &'a [f32], width: usize) -> Self {
+        let n = if width == 0 { 0 } else { data.len() / width };
+        Rows {
+            data,
+            outer: n * width,
+            inner: width,
+            per: n.max(1),
+            n,
+            width,
+        }
+    }
+
     fn row(&self, r: usize) -> &'a [f32] {
         let at = (r / self.per) * self.outer + (r % self.per) * self.inner;
         &self.data[at..at + self.width]
@@ -652,19 +717,19 @@ impl CpuBank {
         let keys = &b.keys[..self.hi * self.arrays.dim];
         let valid = (self.n_valid < self.hi).then(|| &b.valid[..self.hi]);
         let f = &mut self.found;
-        for row in 0..q {
-            let rk = (r0 + row) * k..(r0 + row + 1) * k;
-            kernels::nearest(
-                h.row(row),
-                keys,
-                valid,
-                self.inv_two_sigma_sq,
-                &mut f.idx[rk.clone()],
-                &mut f.sim[rk.clone()],
-                &mut f.weight[rk],
-                &mut self.scratch,
-            );
-        }
+        let rows = r0 * k..(r0 + q) * k;
+        retrieve_rows(
+            &h,
+            keys,
+            valid,
+            self.inv_two_sigma_sq,
+            (
+                &mut f.idx[rows.clone()],
+                &mut f.sim[rows.clone()],
+                &mut f.weight[rows.clone()],
+            ),
+            &mut self.scratch,
+        );
         if self.gain == 0.0 {
             return Ok(false);
         }
@@ -680,15 +745,7 @@ impl CpuBank {
                 out.shape()
             )
         })?;
-        check(
-            self.arrays.support.is_some() || v == self.arrays.width,
-            || {
-                format!(
-                    "a full-vocabulary bias needs {v} columns, has {}",
-                    self.arrays.width
-                )
-            },
-        )?;
+        let support = support_view(b.support.as_deref(), self.arrays.width, v)?;
         let zr = z.data.as_ptr_range();
         let or = out.data() as *const f32..unsafe { (out.data() as *const f32).add(q * v) };
         check(or.end <= zr.start || zr.end <= or.start, || {
@@ -697,31 +754,16 @@ impl CpuBank {
         // SAFETY: `out` is alive (borrowed), distinct from z (checked) and from the bank arrays
         // (the caller's buffer); the GIL is held and no Python code runs meanwhile.
         let o = unsafe { contiguous("out", out.as_slice_mut())? };
-        let support = match &b.support {
-            Some(ids) => Support::Sparse {
-                ids,
-                m: self.arrays.width,
-            },
-            None => Support::Full,
-        };
-        if self.acc.len() != v {
-            self.acc.clear();
-            self.acc.resize(v, 0.0);
-        }
-        for row in 0..q {
-            let (rk, rv) = ((r0 + row) * k..(r0 + row + 1) * k, row * v..(row + 1) * v);
-            o[rv.clone()].copy_from_slice(z.row(row));
-            kernels::bias_add_row(
-                z.row(row),
-                &mut o[rv],
-                &f.idx[rk.clone()],
-                &f.weight[rk],
-                support,
-                b.bias,
-                self.gain,
-                &mut self.acc,
-            );
-        }
+        add_bias_rows(
+            &z,
+            o,
+            &f.idx[rows.clone()],
+            &f.weight[rows],
+            support,
+            b.bias,
+            self.gain,
+            &mut self.acc,
+        );
         Ok(true)
     }
 
