@@ -848,7 +848,6 @@ impl CpuBank {
         )?;
         check(temperature > 0.0, || "temperature must be positive".into())?;
         let k = self.k;
-        let given;
         let reordered;
         let found = match (&idx, &sim, &weight) {
             (Some(i), Some(s), Some(w)) => {
@@ -857,19 +856,14 @@ impl CpuBank {
                     i.shape() == [p, k] && s.shape() == [p, k] && w.shape() == [p, k],
                     || format!("idx, sim and weight must be [{p}, k] alike"),
                 )?;
-                let i = contiguous("idx", i.as_slice())?;
-                check(i.iter().all(|&s| s < self.arrays.n as i64), || {
+                let ids = contiguous("idx", i.as_slice())?;
+                check(ids.iter().all(|&s| s < self.arrays.n as i64), || {
                     "a neighbour id is out of range".into()
                 })?;
-                given = (
-                    i,
-                    contiguous("sim", s.as_slice())?,
-                    contiguous("weight", w.as_slice())?,
-                );
                 Retrieved {
-                    idx: given.0,
-                    sim: given.1,
-                    weight: given.2,
+                    idx: ids,
+                    sim: contiguous("sim", s.as_slice())?,
+                    weight: contiguous("weight", w.as_slice())?,
                     k,
                 }
             }
