@@ -8,7 +8,6 @@ files from `drift_cli.results`.
 from __future__ import annotations
 
 import gc
-
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
