@@ -1,8 +1,9 @@
-"""Loading a draft/target pair from local Hugging Face checkpoints.
+"""Loading a draft/target pair from local Hugging Face checkpoints or GGUF files.
 
 The pair is refused before any model runs when the tokenizers differ (same vocabulary and the
 same token-to-id map are required). Each checkpoint is fingerprinted: sha256 over its config and
-weight files, the identity the regression gate pins.
+weight files, the identity the regression gate pins; a GGUF model's fingerprint is the sha256 of
+its file, and it loads from its dequantised cache (`drift_cli.gguf`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,16 @@ def checkpoint_dir(path: str | Path, role: str) -> Path:
     if not any(f.suffix in WEIGHT_SUFFIXES for f in p.iterdir()):
         raise BadInput(f"{role} checkpoint {p} has no weight files ({', '.join(WEIGHT_SUFFIXES)})")
     return p
+
+
+def resolve_checkpoint(path: str | Path, role: str) -> tuple[Path, str]:
+    """(a loadable checkpoint directory, its fingerprint) for a checkpoint directory or a GGUF file."""
+    from drift_cli import gguf
+
+    if gguf.is_gguf(path):
+        return gguf.checkpoint(path, role)
+    directory = checkpoint_dir(path, role)
+    return directory, fingerprint(directory)
 
 
 def fingerprint(path: str | Path) -> str:
@@ -123,10 +134,10 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> torch.nn
 
 def load_pair(draft: str | Path, target: str | Path, device: str = "cpu", dtype: str = "float32") -> Pair:
     """Check both paths and tokenizers first, then load the models."""
-    dpath, tpath = checkpoint_dir(draft, "draft"), checkpoint_dir(target, "target")
+    (dpath, dprint), (tpath, tprint) = resolve_checkpoint(draft, "draft"), resolve_checkpoint(target, "target")
     dtok, ttok = load_tokenizer(dpath, "draft"), load_tokenizer(tpath, "target")
     check_same_tokenizer(dtok, ttok)
     dev, dt = parse_device(device), parse_dtype(dtype)
     dmodel, tmodel = load_model(dpath, dev, dt), load_model(tpath, dev, dt)
-    info = lambda p, m: ModelInfo(str(p), fingerprint(p), sum(x.numel() for x in m.parameters()))  # noqa: E731
-    return Pair(dmodel, tmodel, ttok, info(dpath, dmodel), info(tpath, tmodel))
+    info = lambda p, f, m: ModelInfo(str(p), f, sum(x.numel() for x in m.parameters()))  # noqa: E731
+    return Pair(dmodel, tmodel, ttok, info(draft, dprint, dmodel), info(target, tprint, tmodel))
