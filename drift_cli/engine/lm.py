@@ -2,7 +2,8 @@
 
 Wraps any Hugging Face causal LM that exposes a decoder (`get_decoder()`) and an output
 embedding (`get_output_embeddings()`): the decoder's last hidden state is exactly the input to
-`lm_head`, which DRIFT keys on. The cache is never re-prefilled after a rejection: it is cropped.
+`lm_head`, which DRIFT keys on. A draft with a vocabulary subset scores only its subset
+(`drift_cli.engine.head`). The cache is never re-prefilled after a rejection: it is cropped.
 
 transformers 5.x renamed the forward argument `past_key_values` to `cache` and made
 `DynamicCache.crop` take a negative count of tokens to drop; `_cache_kwarg` and `_drop` adapt to
@@ -16,6 +17,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from drift_cli.engine.head import OutputHead
 from drift_cli.engine.timing import IterationClock, NullClock
 
 
@@ -37,7 +39,7 @@ class CausalLM:
         self.model = model.eval()
         self.name = name
         self.decoder = model.get_decoder()
-        self.head = model.get_output_embeddings()
+        self.head = OutputHead(model)
         self._kw = _cache_kwarg(self.decoder)
         self.cache: DynamicCache | None = None
         self.cache_len = 0
@@ -46,11 +48,11 @@ class CausalLM:
 
     @property
     def device(self) -> torch.device:
-        return self.head.weight.device
+        return self.head.linear.weight.device
 
     @property
     def vocab_size(self) -> int:
-        return self.head.weight.shape[0]
+        return self.head.vocab_size
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
@@ -71,7 +73,7 @@ class CausalLM:
                 **{self._kw: self.cache},
             )
             hidden = out.last_hidden_state
-            logits = self.head(hidden).float()
+            logits = self.head(hidden)
         self.cache_len += s
         self.forward_calls += 1
         return hidden, logits

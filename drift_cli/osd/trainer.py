@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from drift_cli.divergence import divergence
+from drift_cli.engine.head import head_logits
 from drift_cli.osd.buffer import BufferEntry, ReplayBuffer, dense_target
 from drift_cli.osd.config import OSDConfig
 
@@ -52,7 +53,7 @@ def logits_at(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
     s = batch.ids.shape[1]
     pos = torch.arange(s, device=batch.ids.device).unsqueeze(0).expand(batch.ids.shape[0], -1)
     hidden = model.get_decoder()(input_ids=batch.ids, position_ids=pos, use_cache=False).last_hidden_state
-    return model.get_output_embeddings()(hidden[batch.row, batch.col]).float()   # [N, d] -> [N, V]
+    return head_logits(model, hidden[batch.row, batch.col])                      # [N, d] -> [N, V]
 
 
 def batch_loss(model: torch.nn.Module, entries: list[BufferEntry], kind: str, temperature: float) -> torch.Tensor:
