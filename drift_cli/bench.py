@@ -82,6 +82,13 @@ class Models:
     pair: Pair
     zoo_preset: str | None
 
+    def options(self, cfg: BenchConfig) -> dict[str, Any]:
+        """The method options: the preset's tuned defaults (data), then what the user gave."""
+        from drift_cli.zoo.presets import method_defaults
+
+        given = {k: v for k, v in cfg.options.items() if v is not None}
+        return {**cfg.options, **method_defaults(self.zoo_preset), **given}
+
     def context(self, scenario: str, cfg: BenchConfig) -> MethodContext:
         pair = self.pair
 
@@ -104,7 +111,7 @@ class Models:
             draft_fingerprint=pair.draft_info.fingerprint,
             eos_id=pair.eos_id,
             vocab_size=pair.target.get_output_embeddings().weight.shape[0],
-            options=cfg.options,
+            options=self.options(cfg),
             scenario=scenario,
             seed=cfg.seed,
             resolve_offline=resolve_offline,
@@ -259,7 +266,9 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
         "complete": complete,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()} | {
             "methods_run": list(runs), "methods_skipped": skipped, "max_new_tokens": stream.max_new_tokens,
-            "prompts": len(stream.prompts), "zoo": models.zoo_preset},
+            "prompts": len(stream.prompts), "zoo": models.zoo_preset,
+            "preset_method_defaults": {k: v for k, v in models.options(cfg).items()
+                                       if cfg.options.get(k) is None and v is not None}},
         "env": environment(),
         "models": {"draft": models.pair.draft_info.to_json(), "target": models.pair.target_info.to_json()},
         "seeds": {"decode": cfg.seed},

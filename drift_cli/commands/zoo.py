@@ -18,7 +18,7 @@ def zoo() -> None:
 
 
 @zoo.command("build")
-@click.option("--preset", default="small", show_default=True, help="micro | small | large")
+@click.option("--preset", default="small", show_default=True, help="micro | small | large | smollm")
 @click.option("--offline", "offline_scenarios", multiple=True, metavar="SCENARIO",
               help="Also distil an offline draft for this scenario (repeatable).")
 @click.option("--divergence", type=click.Choice(DIVERGENCES), default="fkl", show_default=True,
@@ -46,6 +46,8 @@ def build(preset: str, offline_scenarios: tuple[str, ...], divergence: str, on_p
 
 
 def _manifest_table(manifest: dict) -> Table:
+    if "loss_curves" not in manifest:
+        return _pretrained_table(manifest)
     table = Table(title=f"zoo '{manifest['preset']}' ({manifest['hash'][:12]})")
     for col in ("model", "parameters", "FLOPs/token", "train tokens", "final loss", "build s"):
         table.add_column(col, justify="right" if col != "model" else "left")
@@ -55,6 +57,17 @@ def _manifest_table(manifest: dict) -> Table:
                       f"{manifest['train_tokens'][name]:,}", f"{curve[-1][1]:.3f}" if curve else "-",
                       f"{manifest['wall_time_s'][name]:.1f}")
     table.caption = f"draft/target compute per token: {manifest['per_token_flops']['draft_over_target']:.3f}"
+    return table
+
+
+def _pretrained_table(manifest: dict) -> Table:
+    """A zoo on a pretrained target: the shipped target, the draft cut from it and distilled."""
+    d = manifest["draft"]
+    table = row_table(f"zoo '{manifest['preset']}' ({manifest['hash'][:12]})",
+                      ("model", "layers", "vocabulary", "label tokens", "agreement before -> after", "build s"))
+    table.add_row("target", "-", "-", "-", f"gguf sha256 {manifest['target']['sha256'][:12]}", "-")
+    table.add_row("draft", str(d["layers"]), f"{d['vocab']:,}", f"{d['label_tokens']:,}",
+                  f"{d['agreement_before']:.3f} -> {d['agreement_after']:.3f}", f"{d['wall_time_s']:.1f}")
     return table
 
 
@@ -76,12 +89,16 @@ def list_(preset: str | None, as_json: bool) -> None:
         current = next((b for b in s["builds"] if b["current"]), None)
         params = (current or {}).get("parameters") or {}
         table.add_row(s["preset"], s["current_hash"][:12], "yes" if s["built"] else "no",
-                      f"{params['target']:,}" if params else "-", f"{params['draft']:,}" if params else "-",
+                      _count(params.get("target")), _count(params.get("draft")),
                       ", ".join((current or {}).get("offline", [])) or "-")
     Console().print(table)
 
 
 list_.name = "list"
+
+
+def _count(n: int | None) -> str:
+    return f"{n:,}" if n else "-"
 
 
 @zoo.command("shift")

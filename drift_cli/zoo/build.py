@@ -23,7 +23,7 @@ from drift_cli.registry import unknown
 from drift_cli.zoo import cache
 from drift_cli.zoo.distill import distill
 from drift_cli.zoo.models import llama_config, new_model, parameter_count, per_token_flops, weights_sha256
-from drift_cli.zoo.presets import PRESETS, ModelShape, TrainRecipe, ZooPreset
+from drift_cli.zoo.presets import PRESETS, PRETRAINED, ModelShape, TrainRecipe, ZooPreset
 from drift_cli.zoo.tokenizer import budgeted, encode_documents, load_tokenizer, train_tokenizer
 from drift_cli.zoo.training import (DomainSampler, Progress, cpu_threads, next_token_loss, run_steps,
                                     training_device, windows)
@@ -42,12 +42,13 @@ class ZooPair:
 
 
 def preset_names() -> list[str]:
-    return list(PRESETS)
+    return list(PRESETS) + list(PRETRAINED)
 
 
 def get_preset(name: str) -> ZooPreset:
+    """A preset whose target is trained here (`micro`, `small`, `large`)."""
     if name not in PRESETS:
-        raise unknown("zoo preset", name, PRESETS)
+        raise unknown("zoo preset", name, preset_names())
     return PRESETS[name]
 
 
@@ -203,6 +204,10 @@ def _is_built(root: Path, root_hash: str) -> bool:
 
 def ensure_zoo(preset: str = "small", progress: Progress | None = None) -> ZooPair:
     """The zoo for `preset`, built (or completed) if missing; a no-op when the recipe is unchanged."""
+    if preset in PRETRAINED:
+        from drift_cli.zoo.pretrained import ensure_pretrained_zoo
+
+        return ZooPair(**vars(ensure_pretrained_zoo(PRETRAINED[preset], progress)))
     p = get_preset(preset)
     target_docs, draft_docs = _training_documents()
     recipes = base_recipes(p, cache.documents_hash(target_docs), cache.documents_hash(draft_docs))
@@ -226,10 +231,6 @@ def ensure_zoo(preset: str = "small", progress: Progress | None = None) -> ZooPa
 
 # ---- offline drafts ----------------------------------------------------------------------------
 
-def offline_name(scenario: str, divergence: str, on_policy: bool) -> str:
-    return f"{scenario}-{divergence}" + ("-onpolicy" if on_policy else "")
-
-
 def load_model(path: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
@@ -239,6 +240,10 @@ def ensure_offline_draft(preset: str, scenario: str, divergence: str = "fkl", on
     """The base draft distilled from the target on `scenario`'s train split; cached."""
     if divergence not in DIVERGENCES:
         raise unknown("divergence", divergence, DIVERGENCES)
+    if preset in PRETRAINED:
+        from drift_cli.zoo.pretrained import ensure_pretrained_offline
+
+        return ensure_pretrained_offline(PRETRAINED[preset], scenario, divergence, on_policy, progress)
     from drift_cli.scenarios import documents
 
     pair = ensure_zoo(preset, progress)
@@ -250,7 +255,7 @@ def ensure_offline_draft(preset: str, scenario: str, divergence: str = "fkl", on
               "domain_chars": p.domain_chars,
               "data": cache.documents_hash(docs)}
     recipe["hash"] = cache.recipe_hash(recipe)
-    final = pair.root / "offline" / offline_name(scenario, divergence, on_policy)
+    final = pair.root / "offline" / cache.offline_name(scenario, divergence, on_policy)
     if cache.component_matches(final, recipe["hash"]):
         return final
     with cache.build_lock(f"{p.name}-offline"), cpu_threads():
@@ -285,6 +290,10 @@ def _distill_offline(p: ZooPreset, pair: ZooPair, docs, kind: str, on_policy: bo
 
 def zoo_status(preset: str) -> dict:
     """What is built for `preset`: the current recipe's root and every cached build."""
+    if preset in PRETRAINED:
+        from drift_cli.zoo.pretrained import pretrained_status
+
+        return pretrained_status(PRETRAINED[preset])
     p = get_preset(preset)
     target_docs, draft_docs = _training_documents()
     recipes = base_recipes(p, cache.documents_hash(target_docs), cache.documents_hash(draft_docs))

