@@ -114,4 +114,4 @@ def test_unknown_names_are_bad_input(zoo_dir):
         ensure_zoo("smal")
     with pytest.raises(BadInput, match="did you mean 'jsd'"):
         ensure_offline_draft("micro", "code", "jsdd")
-    assert preset_names() == ["micro", "small", "large"]
+    assert preset_names() == ["micro", "small", "large", "smollm"]
