@@ -144,7 +144,7 @@ def test_run_resume_report_and_a_failing_cell(micro_built, tmp_path, capsys):
     assert code in (0, None)
     assert (root / "report.md").read_text().strip() == text.strip()
     assert (root / "acceptance.png").stat().st_size > 0 and (root / "speedup.png").stat().st_size > 0
-    assert "1 torch CPU thread(s)" in text
+    assert "every cell ran with 1 torch CPU thread (the `threads` setting)" in text
     lines = text.splitlines()
     head = _parse_row(next(line for line in lines if line.startswith("| scenario")))
     assert head[-1] == "seeds"
@@ -168,9 +168,7 @@ def test_run_resume_report_and_a_failing_cell(micro_built, tmp_path, capsys):
     assert code == 1 and len(summary["executed"]) == 1 and len(summary["failed"]) == 1
     (err,) = summary["failed"].values()
     assert "/no/such/corpus" in err
-    code, stdout, _ = run_cli(["suite", "status", str(bad), "--out", str(out), "--json"], capsys)
-    states = sorted(c["state"] for c in json.loads(stdout)["cells"].values())
-    assert states == ["done", "failed"]
+    assert sorted(_states(bad, out, capsys)) == ["done", "failed"]
 
 
 def _wait_for(predicate, timeout: float, what: str):
@@ -186,6 +184,12 @@ def _wait_for(predicate, timeout: float, what: str):
 def _done(root: Path) -> list[Path]:
     """Finished cells (not a cell's run.json still being assembled in a hidden temporary directory)."""
     return sorted(f for f in root.glob("*/*/run.json") if not any(part.startswith(".") for part in f.parts[-3:]))
+
+
+def _states(p: Path, out: Path, capsys) -> list[str]:
+    code, stdout, _ = run_cli(["suite", "status", str(p), "--out", str(out), "--json"], capsys)
+    assert code == 0
+    return [c["state"] for c in json.loads(stdout)["cells"].values()]
 
 
 def _check_intact_and_resume(p: Path, out: Path, root: Path, done_before: list[Path], total: int, capsys):
@@ -206,12 +210,16 @@ def test_sigint_keeps_finished_cells_and_a_rerun_runs_only_the_missing(micro_bui
     proc = subprocess.Popen([*DRIFT, "suite", "run", str(p), "--out", str(out)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: _done(root), 120, "a first finished cell")
+    during = _states(p, out, capsys)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
+    assert "running" in during and "done" in during
     done_before = _done(root)
     assert 1 <= len(done_before) < 6
+    after = _states(p, out, capsys)      # the interrupted cell is missing, not failed or running
+    assert after.count("done") == len(done_before) and after.count("missing") == 6 - len(done_before)
     _check_intact_and_resume(p, out, root, done_before, 6, capsys)
 
 

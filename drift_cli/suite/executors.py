@@ -25,6 +25,7 @@ from drift_cli.suite.spec import Cell, Suite
 
 EXECUTORS = ("local", "ray")
 Outcome = tuple[str, Any]          # ("ok", {"run", "steps", "wall_s", "host"}) or ("error", message)
+INTERRUPTED: Outcome = ("error", "interrupted: the run is incomplete")
 
 
 def one_line(e: BaseException) -> str:
@@ -46,7 +47,7 @@ def execute_cell(settings: dict) -> Outcome:
     except Exception as e:  # noqa: BLE001 - reported per cell; the other cells go on
         return "error", one_line(e)
     if not run["complete"]:
-        return "error", "interrupted: the run is incomplete"
+        return INTERRUPTED
     return "ok", {"run": run, "steps": steps, "wall_s": time.perf_counter() - t0, "host": socket.gethostname()}
 
 
@@ -102,14 +103,14 @@ def local_results(cells: list[Cell], jobs: int) -> Iterator[tuple[Cell, Outcome]
     if jobs == 1:
         for cell in cells:
             outcome = execute_cell(cell.settings)
+            if outcome == INTERRUPTED:
+                raise KeyboardInterrupt   # Ctrl-C inside the cell: it stays missing, the run stops
             yield cell, outcome
-            if outcome[0] == "error" and outcome[1].startswith("interrupted"):
-                raise KeyboardInterrupt
         return
     import multiprocessing
 
     by_key = {c.key: c for c in cells}
-    pool = multiprocessing.get_context("spawn").Pool(jobs, initializer=_pool_init)
+    pool = multiprocessing.get_context("spawn").Pool(min(jobs, len(cells)), initializer=_pool_init)
     try:
         for key, outcome in pool.imap_unordered(_pool_task, [(c.key, c.settings) for c in cells]):
             yield by_key[key], outcome
@@ -200,6 +201,9 @@ def run_suite(suite: Suite, root: Path, executor: str = "local", jobs: int = 1, 
                                "already_done": len(suite.cells) - len(todo), "executed": [], "failed": {}}
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
+    if not todo:
+        summary["wall_s"] = 0.0
+        return summary
     results = local_results(todo, jobs) if executor == "local" else ray_results(todo, address, jobs)
     for c in todo:
         store.mark_running(root, c.key)
@@ -221,6 +225,5 @@ def run_suite(suite: Suite, root: Path, executor: str = "local", jobs: int = 1, 
         for c in todo:
             store.clear_running(root, c.key)
         summary["wall_s"] = round(time.perf_counter() - t0, 3)
-        if todo:
-            _manifest(root, suite, executor, jobs, timings)
+        _manifest(root, suite, executor, jobs, timings)
     return summary

@@ -106,7 +106,8 @@ def _pinning(manifest: dict) -> str:
     jobs = manifest.get("jobs", 1)
     ex = manifest.get("executor", "local")
     many = "Ray tasks each holding that many CPUs" if ex == "ray" else f"at most {jobs} cells at once"
-    return (f"Thread pinning: every cell ran with {'/'.join(map(str, threads))} torch CPU thread(s) (the `threads` "
+    plural = "" if threads == [1] else "s"
+    return (f"Thread pinning: every cell ran with {'/'.join(map(str, threads))} torch CPU thread{plural} (the `threads` "
             f"setting), {many}, on a machine with {os.cpu_count()} cores, so cells running together do not "
             f"oversubscribe the cores. Last run: executor `{ex}`, `--jobs {jobs}`.")
 
