@@ -283,3 +283,31 @@ def test_a_killed_ray_worker_loses_only_its_cell(micro_built, tmp_path, capsys):
     done_before = _done(root)
     assert len(done_before) == len(summary["executed"])
     _check_intact_and_resume(p, out, root, done_before, 6, capsys)
+
+
+HEAD = """import time, ray
+ray.init(num_cpus=2, include_dashboard=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+while True:
+    time.sleep(0.5)
+"""
+
+
+@pytest.mark.slow
+@ray_only
+def test_address_joins_an_existing_cluster_and_leaves_it_running(micro_built, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")      # the head and this driver share no token file
+    head = subprocess.Popen([sys.executable, "-c", HEAD], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        address = head.stdout.readline().strip()
+        assert re.fullmatch(r"[\d.]+:\d+", address), address
+        p = write(tmp_path, BASE.format(tokens=8) + "[grid]\nscenario = [\"code\", \"law\"]\n")
+        for seed in ("0", "1"):       # the second run finds the cluster the first one joined still up
+            code, summary = suite_run(p, tmp_path / "out", capsys, "--executor", "ray", "--address", address,
+                                      "--set", f"seed={seed}")
+            assert code == 0 and len(summary["executed"]) == 2
+        assert head.poll() is None
+    finally:
+        head.terminate()
+        head.wait(timeout=60)
