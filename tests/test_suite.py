@@ -100,6 +100,26 @@ def test_bad_suite_in_a_subprocess_has_no_traceback(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_ray_missing_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)       # import ray -> ImportError
+    p = write(tmp_path, GRID.format(tokens=8))
+    code, out, err = run_cli(["suite", "run", str(p), "--out", str(tmp_path), "--executor", "ray"], capsys)
+    assert code == 2 and err.strip() == "error: --executor ray needs Ray: pip install 'drift-bench[ray]'"
+    assert sorted(set(_states(p, tmp_path, capsys))) == ["missing"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--address", "1.2.3.4:6379"], "--address joins a Ray cluster: give it with --executor ray"),
+    (["--set", "gamma"], "expected KEY=VALUE"),
+    (["--set", "gama=3"], "unknown setting in --set 'gama' (did you mean 'gamma'?)"),
+])
+def test_bad_run_flags_exit_2(tmp_path, capsys, args, message):
+    p = write(tmp_path, GRID.format(tokens=8))
+    code, out, err = run_cli(["suite", "run", str(p), "--out", str(tmp_path), *args], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_cells_are_keyed_by_their_resolved_config(tmp_path):
     p = write(tmp_path, GRID.format(tokens=8) + "[axes.knob]\nlow = { gain = 0.2 }\nhigh = { gain = 0.6 }\n")
     suite = load_suite(p)

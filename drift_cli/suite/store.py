@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 
 from drift_cli.results import RunJson, atomic_write_json, load_run, write_run
@@ -44,6 +45,9 @@ def write_cell(root: Path, cell: Cell, suite: Suite, run: RunJson, steps: list[d
     """A finished cell, written exactly like a bench run; its run_id is its key."""
     run = dict(run)  # type: ignore[assignment]
     run["run_id"] = cell.key
+    # the worker ran it without an output directory or a command line of its own: record the driver's
+    run["config"] = {**run["config"], "out": str(root)}
+    run["env"] = {**run["env"], "argv": sys.argv}
     run["cell"] = {"suite": suite.name, "key": cell.key, "coords": dict(cell.coords)}
     old = cell_dir(root, cell.key)   # a cell re-run by hand (its directory deleted meanwhile) is fine
     if old is not None:
