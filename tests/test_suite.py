@@ -25,7 +25,7 @@ BASE = """version = 1
 description = "micro test grid"
 [base]
 zoo = "micro"
-methods = "vanilla,drift"
+methods = "vanilla,pld"
 max_prompts = 2
 max_new_tokens = {tokens}
 temperature = 0.8
@@ -173,7 +173,7 @@ def test_run_resume_report_and_a_failing_cell(micro_built, tmp_path, capsys):
         row = dict(zip(head, _parse_row(next(line for line in lines if line.startswith(f"| {scenario} |"))), strict=True))
         group = [r for r in runs.values() if r["scenario"] == scenario]
         assert row["seeds"] == "2"
-        for method in ("vanilla", "drift"):
+        for method in ("vanilla", "pld"):
             want = []
             for key, fmt in (("acceptance_rate", "{:.3f}"), ("mean_accepted_length", "{:.2f}"), ("speedup", "{:.2f}")):
                 xs = [r["methods"][method][key] for r in group]
