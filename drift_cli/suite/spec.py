@@ -84,30 +84,28 @@ def _key(name: str, where: str) -> str:
     return key
 
 
+def _bench_params() -> dict[str, click.Parameter]:
+    """`drift bench`'s options by name: a setting's type and check are its flag's."""
+    from drift_cli.cli import bench
+
+    return {p.name: p for p in bench.params if p.name}
+
+
 def _value(key: str, value: Any, where: str) -> Any:
-    """Type-check one setting: method flags through their click type, bench fields by their default's type."""
-    opts = _method_options()
-    if key in opts:
-        opt = opts[key]
-        try:
-            return value if value is None else opt.type.convert(value, opt, None)
-        except click.BadParameter as e:
-            raise BadInput(f"{where}: {key} = {value!r}: {e.format_message()}") from None
+    """Type-check one setting as its `drift bench` flag checks it."""
     if key == "batch_size":
         if value not in BATCH_SIZES:
             raise BadInput(f"{where}: batch_size {value!r}: only batch size 1 exists today (batched decoding has not landed)")
         return value
-    default = _bench_fields()[key]
-    if isinstance(default, bool) and not isinstance(value, bool):
-        raise BadInput(f"{where}: {key} must be true or false (got {value!r})")
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    kinds = {"max_prompts": int, "max_new_tokens": int, "threads": int, "top_p": (int, float),
-             "corpus": str, "draft": str, "target": str, "scenario": str}
-    want = kinds.get(key, type(default))
-    if value is not None and not isinstance(value, want):
-        raise BadInput(f"{where}: {key} = {value!r} has the wrong type")
-    return float(value) if key == "top_p" and value is not None else value
+    if key == "control":                 # the flag is --no-control
+        if not isinstance(value, bool):
+            raise BadInput(f"{where}: control must be true or false (got {value!r})")
+        return value
+    param = _bench_params()[key]
+    try:
+        return param.type.convert(value, param, None)
+    except click.BadParameter as e:
+        raise BadInput(f"{where}: {key} = {value!r}: {e.format_message()}") from None
 
 
 def _table(raw: dict, name: str) -> dict:
