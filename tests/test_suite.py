@@ -68,6 +68,17 @@ def micro_built():
     ensure_zoo("micro")
 
 
+def _ray_available() -> bool:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+ray_only = pytest.mark.skipif(not _ray_available(), reason="ray is not installed (pip install 'drift-bench[ray]')")
+
+
 BAD = [
     ("version = 1\n[grid]\ntemprature = [0.0]\n", "unknown setting in [grid] 'temprature' (did you mean 'temperature'?)"),
     ("version = 1\n[base]\nmethods = \"vanila\"\n[grid]\nseed = [0]\n", "unknown method 'vanila' (did you mean 'vanilla'?)"),
@@ -222,12 +233,16 @@ def _check_intact_and_resume(p: Path, out: Path, root: Path, done_before: list[P
     assert len(summary["executed"]) == total - len(done_before)     # only the missing cells ran
 
 
-def test_sigint_keeps_finished_cells_and_a_rerun_runs_only_the_missing(micro_built, tmp_path, capsys):
+@pytest.mark.parametrize("executor", [
+    ["--jobs", "1"], ["--jobs", "2"],
+    pytest.param(["--executor", "ray", "--jobs", "2"], marks=[pytest.mark.slow, ray_only], id="ray"),
+])
+def test_sigint_keeps_finished_cells_and_a_rerun_runs_only_the_missing(micro_built, tmp_path, capsys, executor):
     p = write(tmp_path, BASE.format(tokens=48) + "[grid]\nscenario = [\"code\", \"law\", \"jargon\"]\nseed = [0, 1]\n")
     out = tmp_path / "out"
     root = out / "grid"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([*DRIFT, "suite", "run", str(p), "--out", str(out)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([*DRIFT, "suite", "run", str(p), "--out", str(out), *executor], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: _done(root), 120, "a first finished cell")
     during = _states(p, out, capsys)
@@ -243,15 +258,6 @@ def test_sigint_keeps_finished_cells_and_a_rerun_runs_only_the_missing(micro_bui
     _check_intact_and_resume(p, out, root, done_before, 6, capsys)
 
 
-def _ray_available() -> bool:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-ray_only = pytest.mark.skipif(not _ray_available(), reason="ray is not installed (pip install 'drift-bench[ray]')")
 
 
 @pytest.mark.slow
