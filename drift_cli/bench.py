@@ -178,26 +178,39 @@ def warm_up(target: CausalLM, models: Models, stream: Stream, dcfg: DecodeConfig
     generate(target, Vanilla(models.pair.draft), stream.prompts[0].ids, short, Sampler())
 
 
-def run_methods(
-    names: list[str], models: Models, stream: Stream, cfg: BenchConfig, progress: Progress | None = None,
-    explicit: bool = True,
-) -> tuple[dict[str, StreamRun], dict[str, str]]:
-    """Run each method on the stream (ar first). Returns (runs, skipped: name -> reason)."""
+@dataclass(frozen=True)
+class Entry:
+    """One row of a run: its name in run.json and how its policy is built from the method context.
+    optional: a BadInput from `build` skips the row (recorded with its reason) instead of failing."""
+
+    name: str
+    build: Callable[[MethodContext], Any]
+    optional: bool = False
+
+
+def method_entries(names: list[str], explicit: bool = True) -> list[Entry]:
+    return [Entry(n, METHODS[n].build, optional=not explicit) for n in names]
+
+
+def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: BenchConfig,
+                progress: Progress | None = None) -> tuple[dict[str, StreamRun], dict[str, str]]:
+    """The one run loop (bench, ablate, analyze, suites): each entry on the stream, in order, under
+    the same timing conditions. Returns (runs, skipped: name -> reason)."""
     target = CausalLM(models.pair.target, "target")
     dcfg = decode_config(cfg, stream, models.pair.eos_id)
     ctx = models.context(stream.scenario, cfg)
     warm_up(target, models, stream, dcfg)
     runs: dict[str, StreamRun] = {}
     skipped: dict[str, str] = {}
-    for name in names:
+    for entry in entries:
         try:
-            policy = METHODS[name].build(ctx)
+            policy = entry.build(ctx)
         except BadInput as e:
-            if explicit:
+            if not entry.optional:
                 raise
-            skipped[name] = str(e)
+            skipped[entry.name] = str(e)
             continue
-        label = f"{stream.scenario}/{name}"
+        label = f"{stream.scenario}/{entry.name}"
         tick = (lambda done, total, label=label: progress(label, done, total)) if progress else None
         # the models, tokenizer and stream live for the whole run: moving them out of the
         # collector's generations keeps its periodic passes short (they land inside whatever
@@ -205,12 +218,20 @@ def run_methods(
         gc.collect()
         gc.freeze()
         try:
-            runs[name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
+            runs[entry.name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
         finally:
             gc.unfreeze()   # collectable again (extensions that check for leaks at exit stay quiet)
-        if not runs[name].complete:
+        if not runs[entry.name].complete:
             break
     return runs, skipped
+
+
+def run_methods(
+    names: list[str], models: Models, stream: Stream, cfg: BenchConfig, progress: Progress | None = None,
+    explicit: bool = True,
+) -> tuple[dict[str, StreamRun], dict[str, str]]:
+    """Registered methods by name through `run_entries`; explicit=False skips methods that cannot build."""
+    return run_entries(method_entries(names, explicit), models, stream, cfg, progress)
 
 
 def summarise(runs: dict[str, StreamRun], cfg: BenchConfig) -> dict[str, dict]:
@@ -231,6 +252,35 @@ def comparisons(methods: dict[str, dict], control: dict[str, dict] | None) -> di
         out["shift_penalty"] = metrics.shift_penalty(control.get("vanilla", {}).get("speedup"), get("vanilla", "speedup"))
         out["control_acceptance_rate"] = control.get("vanilla", {}).get("acceptance_rate")
     return out
+
+
+def step_records(runs: dict[str, StreamRun], scope: str = "main") -> list[dict]:
+    """steps.jsonl rows: one per verification step, tagged with the stream scope and the method."""
+    return [{"scope": scope, "method": m, **s.to_json()} for m, r in runs.items() for s in r.steps]
+
+
+def envelope(cfg: BenchConfig, label: str, models: Models, stream: Stream, runs: dict[str, StreamRun],
+             methods: dict[str, dict], **config: Any) -> RunJson:
+    """The one results envelope (run.json) every run-producing command fills; commands add their own
+    blocks (control and comparisons, ablation, analysis) to it. config: extra config fields."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": new_run_id(label),
+        "scenario": stream.scenario,
+        "split": cfg.split,
+        "complete": all(r.complete for r in runs.values()),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()} | {
+            "max_new_tokens": stream.max_new_tokens, "prompts": len(stream.prompts), "zoo": models.zoo_preset,
+            "preset_method_defaults": {k: v for k, v in models.options(cfg).items()
+                                       if cfg.options.get(k) is None and v is not None},
+            **config},
+        "env": environment(),
+        "models": {"draft": models.pair.draft_info.to_json(), "target": models.pair.target_info.to_json()},
+        "seeds": {"decode": cfg.seed},
+        "stream": {"identity": stream.identity(), "prompts": len(stream.prompts), **stream.meta,
+                   **(methods["ar"]["stream"] if "ar" in methods else {})},
+        "methods": methods,
+    }
 
 
 def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJson, list[dict]]:
@@ -258,26 +308,10 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
         control = summarise(control_runs, cfg)
         complete = all(r.complete for r in control_runs.values())
 
-    run: RunJson = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": new_run_id("+".join(n for n in names if n != "ar") or "ar"),
-        "scenario": stream.scenario,
-        "split": cfg.split,
-        "complete": complete,
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()} | {
-            "methods_run": list(runs), "methods_skipped": skipped, "max_new_tokens": stream.max_new_tokens,
-            "prompts": len(stream.prompts), "zoo": models.zoo_preset,
-            "preset_method_defaults": {k: v for k, v in models.options(cfg).items()
-                                       if cfg.options.get(k) is None and v is not None}},
-        "env": environment(),
-        "models": {"draft": models.pair.draft_info.to_json(), "target": models.pair.target_info.to_json()},
-        "seeds": {"decode": cfg.seed},
-        "stream": {"identity": stream.identity(), "prompts": len(stream.prompts), **stream.meta,
-                   **(methods["ar"]["stream"] if "ar" in methods else {})},
-        "methods": methods,
-        "control": control or {},
-        "comparisons": comparisons(methods, control),
-    }
-    steps = [{"scope": "main", "method": m, **s.to_json()} for m, r in runs.items() for s in r.steps]
-    steps += [{"scope": "control", "method": m, **s.to_json()} for m, r in control_runs.items() for s in r.steps]
+    run = envelope(cfg, "+".join(n for n in names if n != "ar") or "ar", models, stream, runs, methods,
+                   methods_run=list(runs), methods_skipped=skipped)
+    run["complete"] = complete
+    run["control"] = control or {}
+    run["comparisons"] = comparisons(methods, control)
+    steps = step_records(runs) + step_records(control_runs, "control")
     return run, steps

@@ -17,6 +17,7 @@ from drift_cli.commands.bank import bank
 from drift_cli.commands.data import data
 from drift_cli.commands.options import decode_options, method_options, model_options
 from drift_cli.commands.regress import regress
+from drift_cli.commands.suite import suite
 from drift_cli.commands.zoo import zoo
 from drift_cli.console import ProgressCallback, emit, err_console, quiet_libraries, rich_progress, stdout_console
 from drift_cli.errors import BadInput, CheckFailed
@@ -112,5 +113,5 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
-for _group in (data, zoo, bank, ablate, analyze, regress):   # command groups in their own modules
+for _group in (data, zoo, bank, ablate, analyze, regress, suite):   # command groups in their own modules
     cli.add_command(_group)

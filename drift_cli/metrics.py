@@ -126,6 +126,22 @@ def bootstrap_ratio_ci(num: Sequence[float], den: Sequence[float], n_boot: int =
     return _bootstrap(len(a), lambda idx: a[idx].sum(axis=1) / d[idx].sum(axis=1), n_boot, seed, level)
 
 
+# two-sided 95% Student t quantiles t(0.975, df), df = 1..30; beyond, the normal 1.96
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)
+
+
+def seed_mean_ci95(values: Sequence[float]) -> tuple[float, tuple[float, float] | None]:
+    """Mean over independent repeats (seeds, stream shuffles) and its Student-t 95% CI (None for one)."""
+    x = np.asarray(values, dtype=float)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, None
+    half = (T975[len(x) - 2] if len(x) - 1 <= len(T975) else 1.96) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return mean, (mean - half, mean + half)
+
+
 def acceptance_ci(generations) -> tuple[float, float] | None:
     """Bootstrap 95% CI of acceptance_rate over prompts (prompts that drafted nothing carry no weight)."""
     acc = [sum(s.accepted for s in g.steps) for g in generations]

@@ -84,3 +84,27 @@ def test_analyze_residuals(pair, tmp_path, capsys):
     assert set(run["analysis"]["acceptance_by_entropy"]) == {"vanilla", "drift"}
     run_dir = tmp_path / run["scenario"] / run["run_id"]
     assert (run_dir / "residuals.png").stat().st_size > 0 and (run_dir / "entropy.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("args", [["ablate", "--sweep", "lambda", "--values", "0,0.6"], ["analyze", "residuals"]])
+def test_every_row_decodes_under_the_bench_timing_conditions(pair, tmp_path, capsys, monkeypatch, args):
+    """ablate and analyze run their rows through bench's loop: each row with the collector's heap frozen,
+    and envelopes with the same blocks as a bench run."""
+    import gc
+
+    from drift_cli import bench
+
+    frozen: list[bool] = []
+    real = bench.run_stream
+
+    def spy(*a, **k):
+        frozen.append(gc.get_freeze_count() > 0)
+        return real(*a, **k)
+
+    monkeypatch.setattr(bench, "run_stream", spy)
+    code, out, err = run_cli([*args, *common(pair, tmp_path)], capsys)
+    assert code == 0, err
+    run = json.loads(out)
+    assert len(frozen) == len(run["methods"]) and all(frozen)
+    assert {"schema_version", "env", "models", "seeds", "stream", "config"} <= set(run)
+    assert run["stream"]["identity"] and run["config"]["prompts"] == 2

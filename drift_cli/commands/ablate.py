@@ -10,7 +10,7 @@ run.json; `--json` prints run.json.
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -74,56 +74,33 @@ def label(axis: str, value) -> str:
 
 
 def run_ablation(cfg, axis: str, values: list, progress=None) -> tuple[dict, list[dict]]:
-    """Everything `drift ablate` does except printing and writing. cfg: a BenchConfig."""
+    """Everything `drift ablate` does except printing and writing. cfg: a BenchConfig.
+
+    One run of the shared loop: ar and vanilla, then drift once per value (a value drift refuses
+    to build with is skipped with its reason), all under the same timing conditions."""
+    from dataclasses import replace
+
     from drift_cli import bench
-    from drift_cli.engine.lm import CausalLM
-    from drift_cli.engine.loop import run_stream
-    from drift_cli.results import SCHEMA_VERSION, environment, new_run_id
 
     ax = AXES[axis]
     cfg.validate()
-    bench.resolve_scenario(cfg)                      # a bad name fails before any model loads
+    scenario = bench.resolve_scenario(cfg)           # a bad name fails before any model loads
     models = bench.load_models(cfg, progress)
-    stream = bench.load_stream(cfg, models.pair.tokenizer, bench.resolve_scenario(cfg))
-    base, _ = bench.run_methods(["ar", "vanilla"], models, stream, cfg, progress)
-    runs = dict(base)
-    skipped: dict[str, str] = {}
-    target = CausalLM(models.pair.target, "target")
-    dcfg = bench.decode_config(cfg, stream, models.pair.eos_id)
-    for value in values:
-        name = label(axis, value)
-        ctx = models.context(stream.scenario, cfg)
-        ctx.options = {**cfg.options, ax.option: value, "bank_out": None}
-        try:
-            policy = DriftMethod.build(ctx)
-        except BadInput as e:
-            skipped[name] = str(e)
-            continue
-        tick = (lambda done, total, name=name: progress(f"{stream.scenario}/{name}", done, total)) if progress else None
-        runs[name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
-        if not runs[name].complete:
-            break
+    stream = bench.load_stream(cfg, models.pair.tokenizer, scenario)
+
+    def build_at(value):
+        return lambda ctx: DriftMethod.build(replace(ctx, options={**ctx.options, ax.option: value, "bank_out": None}))
+
+    entries = bench.method_entries(["ar", "vanilla"])
+    entries += [bench.Entry(label(axis, v), build_at(v), optional=True) for v in values]
+    runs, skipped = bench.run_entries(entries, models, stream, cfg, progress)
     methods = bench.summarise(runs, cfg)
     rows = [ablation_row(value, methods.get(label(axis, value)), skipped.get(label(axis, value))) for value in values]
-    run = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": new_run_id(f"ablate-{axis}"),
-        "scenario": stream.scenario,
-        "split": cfg.split,
-        "complete": all(r.complete for r in runs.values()),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
-        | {"max_new_tokens": stream.max_new_tokens, "prompts": len(stream.prompts), "zoo": models.zoo_preset},
-        "env": environment(),
-        "models": {"draft": models.pair.draft_info.to_json(), "target": models.pair.target_info.to_json()},
-        "seeds": {"decode": cfg.seed},
-        "stream": {"identity": stream.identity(), "prompts": len(stream.prompts)},
-        "methods": methods,
-        "ablation": {"axis": axis, "option": ax.option, "values": values, "rows": rows,
-                     "vanilla_acceptance_rate": methods.get("vanilla", {}).get("acceptance_rate"),
-                     "vanilla_speedup": methods.get("vanilla", {}).get("speedup"), "skipped": skipped},
-    }
-    steps = [{"scope": "main", "method": m, **s.to_json()} for m, r in runs.items() for s in r.steps]
-    return run, steps
+    run = bench.envelope(cfg, f"ablate-{axis}", models, stream, runs, methods)
+    run["ablation"] = {"axis": axis, "option": ax.option, "values": values, "rows": rows,
+                       "vanilla_acceptance_rate": methods.get("vanilla", {}).get("acceptance_rate"),
+                       "vanilla_speedup": methods.get("vanilla", {}).get("speedup"), "skipped": skipped}
+    return run, bench.step_records(runs)
 
 
 def ablation_row(value, m: dict | None, skipped: str | None) -> dict:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -73,49 +72,25 @@ def spectrum(rows: list[torch.Tensor], top: int = TOP) -> dict:
 
 def run_analysis(cfg, limit: int, with_drift: bool, progress=None) -> tuple[dict, list[dict]]:
     from drift_cli import bench, metrics
-    from drift_cli.engine.lm import CausalLM
-    from drift_cli.engine.loop import run_stream
-    from drift_cli.results import SCHEMA_VERSION, environment, new_run_id
 
     cfg.validate()
-    bench.resolve_scenario(cfg)                      # a bad name fails before any model loads
+    scenario = bench.resolve_scenario(cfg)           # a bad name fails before any model loads
     models = bench.load_models(cfg, progress)
-    stream = bench.load_stream(cfg, models.pair.tokenizer, bench.resolve_scenario(cfg))
-    target = CausalLM(models.pair.target, "target")
-    dcfg = bench.decode_config(cfg, stream, models.pair.eos_id)
+    stream = bench.load_stream(cfg, models.pair.tokenizer, scenario)
     probe = ResidualProbe(models.pair.draft, limit)
-    probe.name = "vanilla"
-    policies: dict = {"vanilla": probe}
+    entries = [bench.Entry("vanilla", lambda ctx: probe)]
     if with_drift:
-        policies["drift"] = DriftMethod.build(models.context(stream.scenario, cfg))
-    runs = {}
-    for name, policy in policies.items():
-        tick = (lambda done, total, name=name: progress(f"{stream.scenario}/{name}", done, total)) if progress else None
-        runs[name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
-    analysis = {
+        entries.append(bench.Entry("drift", DriftMethod.build))
+    runs, _ = bench.run_entries(entries, models, stream, cfg, progress)
+    run = bench.envelope(cfg, "analyze-residuals", models, stream, runs,
+                         {name: metrics.method_metrics(r, cfg.gamma, None, greedy=cfg.temperature == 0.0)
+                          for name, r in runs.items()}, max_residuals=limit)
+    run["analysis"] = {
         "spectrum": spectrum(probe.rows),
         "acceptance_by_entropy": {name: metrics.acceptance_by_entropy(r.steps) for name, r in runs.items()},
         "acceptance_rate": {name: metrics.acceptance_rate(r.steps) for name, r in runs.items()},
     }
-    run = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": new_run_id("analyze-residuals"),
-        "scenario": stream.scenario,
-        "split": cfg.split,
-        "complete": all(r.complete for r in runs.values()),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
-        | {"max_new_tokens": stream.max_new_tokens, "prompts": len(stream.prompts), "zoo": models.zoo_preset,
-           "max_residuals": limit},
-        "env": environment(),
-        "models": {"draft": models.pair.draft_info.to_json(), "target": models.pair.target_info.to_json()},
-        "seeds": {"decode": cfg.seed},
-        "stream": {"identity": stream.identity(), "prompts": len(stream.prompts)},
-        "methods": {name: metrics.method_metrics(r, cfg.gamma, None, greedy=cfg.temperature == 0.0)
-                    for name, r in runs.items()},
-        "analysis": analysis,
-    }
-    steps = [{"scope": "main", "method": m, **s.to_json()} for m, r in runs.items() for s in r.steps]
-    return run, steps
+    return run, bench.step_records(runs)
 
 
 def _save(fig, path: Path) -> None:

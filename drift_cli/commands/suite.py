@@ -1,0 +1,119 @@
+"""`drift suite run|status|report SUITE`: a declared grid of bench runs (see docs/suites.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from drift_cli.console import emit, err_console, stdout_console
+from drift_cli.errors import BadInput
+
+DEFAULT_OUT = Path("results/suites")
+
+
+def _suite_args(fn):
+    opts = [
+        click.argument("suite_file", metavar="SUITE", type=click.Path(path_type=Path)),
+        click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_OUT, show_default=True,
+                     help="results root; the suite's cells live in OUT/<suite name>/"),
+        click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                     help="fix a setting for every cell (e.g. --set zoo=micro); repeatable"),
+        click.option("--json", "as_json", is_flag=True, help="print the result as JSON (and nothing else)"),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def _load(suite_file: Path, overrides: tuple[str, ...], out: Path):
+    from drift_cli.suite.spec import load_suite, parse_override
+    from drift_cli.suite.store import suite_dir
+
+    suite = load_suite(suite_file, dict(parse_override(o) for o in overrides))
+    return suite, suite_dir(out, suite)
+
+
+@click.group()
+def suite() -> None:
+    """Declared experiment grids: run (locally or on Ray), status, report."""
+
+
+@suite.command()
+@_suite_args
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--address", default=None, help="join this Ray cluster (default: start a local one for the run)")
+@click.option("--jobs", type=int, default=None,
+              help="cells at once (local; default 1), or the local Ray instance's CPUs (default: all cores)")
+def run(suite_file, out, overrides, as_json, executor, address, jobs) -> None:
+    """Run every cell that is not done yet (a re-run resumes)."""
+    from drift_cli.results import check_writable
+    from drift_cli.suite.executors import run_suite
+
+    if jobs is not None and jobs < 1:
+        raise BadInput(f"--jobs must be at least 1 (got {jobs})")
+    if address and executor != "ray":
+        raise BadInput("--address joins a Ray cluster: give it with --executor ray")
+    suite, root = _load(suite_file, overrides, out)
+    check_writable(root)
+    jobs = jobs or (1 if executor == "local" else os.cpu_count() or 1)
+
+    def on_cell(cell, outcome, n, total):
+        where = " ".join(f"{a}={v}" for a, v in cell.coords)
+        if outcome[0] == "ok":
+            err_console.print(f"[{n}/{total}] done {cell.key} {where} ({outcome[1]['wall_s']:.1f} s)", highlight=False)
+        else:
+            err_console.print(f"[{n}/{total}] FAILED {cell.key} {where}: {outcome[1]}", highlight=False, markup=False)
+
+    summary = run_suite(suite, root, executor, jobs, address, on_cell)
+    if as_json:
+        emit(summary, True)
+    else:
+        stdout_console().print(
+            f"suite {suite.name}: {summary['cells']} cells, {len(summary['executed'])} ran, "
+            f"{summary['already_done']} already done, {len(summary['failed'])} failed "
+            f"({summary['wall_s']:.1f} s) → {root}", highlight=False)
+    if summary["failed"]:
+        sys.exit(1)
+
+
+@suite.command()
+@_suite_args
+def status(suite_file, out, overrides, as_json) -> None:
+    """Each cell's state: done, running, failed or missing."""
+    from drift_cli.console import row_table
+    from drift_cli.suite import store
+
+    suite, root = _load(suite_file, overrides, out)
+    states = store.status(root, suite)
+    if as_json:
+        emit({"suite": suite.name, "dir": str(root), "cells": {
+            c.key: {"state": states[c.key], "coords": dict(c.coords),
+                    **({"error": store.failure(root, c.key)} if states[c.key] == "failed" else {})}
+            for c in suite.cells}}, True)
+        return
+    counts = ", ".join(f"{sum(1 for s in states.values() if s == k)} {k}" for k in store.STATES)
+    table = row_table(f"suite {suite.name}: {len(suite.cells)} cells ({counts})", ("cell", *suite.axes, "state"))
+    for c in suite.cells:
+        err = store.failure(root, c.key) if states[c.key] == "failed" else None
+        table.add_row(c.key, *[c.coord(a) or "" for a in suite.axes], states[c.key] + (f": {err}" if err else ""))
+    stdout_console().print(table)
+
+
+@suite.command()
+@_suite_args
+def report(suite_file, out, overrides, as_json) -> None:
+    """One markdown report (report.md, acceptance.png, speedup.png) in the suite's directory."""
+    from drift_cli.suite.report import write_report
+
+    suite, root = _load(suite_file, overrides, out)
+    if not root.is_dir():
+        raise BadInput(f"no results for suite {suite.name} under {out} (run `drift suite run {suite_file}` first)")
+    path = write_report(suite, root, root)
+    if as_json:
+        emit({"suite": suite.name, "report": str(path)}, True)
+    else:
+        click.echo(path.read_text())
+        err_console.print(f"→ {path}", highlight=False)

@@ -1,0 +1,140 @@
+"""`drift suite report`: a suite's finished cells as one markdown report with PNGs.
+
+One row per combination of the suite's axes other than `seed`; per method α / τ / speedup, the
+stream's repeated 4-gram share and the comparisons, each figure read from the cells' run.json.
+Where a row has several seeds the figure is their mean ± the 95% CI half-width (Student t,
+`metrics.seed_mean_ci95`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from drift_cli import metrics
+from drift_cli.results import RunJson, atomic_write_bytes
+from drift_cli.suite import store
+from drift_cli.suite.spec import Suite
+
+SEED_AXIS = "seed"
+FIGURES = (("α", "acceptance_rate", "{:.3f}"), ("τ", "mean_accepted_length", "{:.2f}"), ("speedup", "speedup", "{:.2f}"))
+
+
+def figure(values: list, fmt: str) -> str:
+    """One figure of a row: the value, or mean ± CI half-width over its seeds; '–' when absent."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return "–"
+    mean, ci = metrics.seed_mean_ci95(xs)
+    return fmt.format(mean) if ci is None else f"{fmt.format(mean)} ± {fmt.format(ci[1] - mean)}"
+
+
+def row_axes(suite: Suite) -> list[str]:
+    """The axes that tell rows apart: those with more than one value, the seed left out."""
+    return [a for a in suite.axes if a != SEED_AXIS and len({c.coord(a) for c in suite.cells}) > 1]
+
+
+def rows(suite: Suite, runs: dict[str, RunJson]) -> list[tuple[tuple[str, ...], list[RunJson]]]:
+    """(row coordinates, the finished runs of its cells) in suite order."""
+    axes = row_axes(suite)
+    out: dict[tuple[str, ...], list[RunJson]] = {}
+    for c in suite.cells:
+        label = tuple(c.coord(a) or "" for a in axes)
+        out.setdefault(label, [])
+        if c.key in runs:
+            out[label].append(runs[c.key])
+    return list(out.items())
+
+
+def method_names(runs: list[RunJson]) -> list[str]:
+    names: dict[str, None] = {}
+    for r in runs:
+        names.update(dict.fromkeys(n for n in r["methods"] if n != "ar"))
+    return list(names)
+
+
+def results_table(suite: Suite, runs: dict[str, RunJson]) -> str:
+    axes = row_axes(suite)
+    methods = method_names(list(runs.values()))
+    seeds = SEED_AXIS in suite.axes
+    head = [*axes, *[f"{m} α / τ / speedup" for m in methods], "repeated 4-gram share", "gap closed α / speedup",
+            "shift penalty", *(["seeds"] if seeds else [])]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, group in rows(suite, runs):
+        cells = list(label)
+        for m in methods:
+            cells.append(" / ".join(figure([r["methods"].get(m, {}).get(k) for r in group], fmt) for _, k, fmt in FIGURES))
+        comp = lambda k: [r.get("comparisons", {}).get(k) for r in group]  # noqa: E731
+        cells += [figure([r.get("stream", {}).get("repeated_ngram_share") for r in group], "{:.2f}"),
+                  f"{figure(comp('gap_closed_alpha'), '{:.2f}')} / {figure(comp('gap_closed_speedup'), '{:.2f}')}",
+                  figure(comp("shift_penalty"), "{:.2f}")]
+        if seeds:
+            cells.append(str(len(group)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _plot(suite: Suite, runs: dict[str, RunJson], key: str, ylabel: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from drift_cli.plots import save_figure
+
+    groups = rows(suite, runs)
+    methods = method_names(list(runs.values()))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(methods)) / 2), 4))
+    width = 0.8 / max(1, len(methods))
+    for i, m in enumerate(methods):
+        means, errs = [], []
+        for _, group in groups:
+            xs = [r["methods"].get(m, {}).get(key) for r in group]
+            xs = [x for x in xs if x is not None]
+            mean, ci = metrics.seed_mean_ci95(xs) if xs else (float("nan"), None)
+            means.append(mean)
+            errs.append(0.0 if ci is None else ci[1] - mean)
+        ax.bar([j + i * width for j in range(len(groups))], means, width=width, yerr=errs, capsize=3, label=m)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], [", ".join(g) or suite.name for g, _ in groups],
+                  rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def _pinning(manifest: dict) -> str:
+    threads = manifest.get("threads") or [1]
+    jobs = manifest.get("jobs", 1)
+    ex = manifest.get("executor", "local")
+    many = "Ray tasks each holding that many CPUs" if ex == "ray" else f"at most {jobs} cells at once"
+    plural = "" if threads == [1] else "s"
+    return (f"Thread pinning: every cell ran with {'/'.join(map(str, threads))} torch CPU thread{plural} (the `threads` "
+            f"setting), {many}, on a machine with {os.cpu_count()} cores, so cells running together do not "
+            f"oversubscribe the cores. Last run: executor `{ex}`, `--jobs {jobs}`.")
+
+
+def write_report(suite: Suite, root: Path, out: Path) -> Path:
+    """report.md (and acceptance.png, speedup.png) in `out`; returns the report's path."""
+    states = store.status(root, suite)
+    runs = {k: r for k in states if states[k] == "done" and (r := store.load_cell(root, k)) is not None}
+    manifest = json.loads((root / "suite.json").read_text()) if (root / "suite.json").is_file() else {}
+    counts = {s: sum(1 for v in states.values() if v == s) for s in store.STATES}
+    lines = [f"# Suite `{suite.name}`", ""]
+    if suite.description:
+        lines += [suite.description, ""]
+    lines += [f"{len(suite.cells)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + f" (in `{root}`).", "",
+              _pinning(manifest), "",
+              "Each figure is read from its cell's run.json (`<scenario>/<cell key>/run.json`); where a row has "
+              "several seeds it is their mean ± the 95% CI half-width (Student t).", ""]
+    if runs:
+        lines += [results_table(suite, runs), "", "![acceptance](acceptance.png)", "", "![speedup](speedup.png)", ""]
+        _plot(suite, runs, "acceptance_rate", "acceptance rate α", out / "acceptance.png")
+        _plot(suite, runs, "speedup", "speedup vs ar", out / "speedup.png")
+    lines += ["## Cells", "", "| key | " + " | ".join(suite.axes) + " | state |", "|" + "---|" * (len(suite.axes) + 2)]
+    for c in suite.cells:
+        err = store.failure(root, c.key) if states[c.key] == "failed" else None
+        lines.append(f"| {c.key} | " + " | ".join(c.coord(a) or "" for a in suite.axes)
+                     + f" | {states[c.key]}{f': {err}' if err else ''} |")
+    path = Path(out) / "report.md"
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
+    return path
+

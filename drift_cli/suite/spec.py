@@ -1,0 +1,251 @@
+"""Suite files (`suites/*.toml`): a declared grid of bench runs, expanded into cells.
+
+    version = 1
+    description = "..."
+    [base]                  # settings every cell shares
+    zoo = "micro"
+    [grid]                  # setting = [values]: every combination is a cell
+    scenario = ["code", "law"]
+    seed = [0, 1, 2]
+    [axes.decoding]         # a named axis: each point sets several settings together
+    greedy = { temperature = 0.0, methods = "all" }
+    sampled = { temperature = 0.8, methods = "vanilla,drift" }
+
+A setting is a `drift bench` option by its Python name (`max_prompts`, `top_p`, `gain`, ...;
+dashes are accepted for underscores), or `batch_size`. Grid keys and named axes are crossed. Each
+cell's resolved settings (every bench option, defaults filled in) are hashed into its key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import click
+
+from drift_cli.errors import BadInput
+from drift_cli.registry import unknown
+
+SUITE_VERSION = 1
+TABLES = ("version", "description", "base", "grid", "axes")
+BATCH_SIZES = (1,)        # batched decoding has not landed; the engine runs B = 1
+NOT_SETTINGS = ("out", "options")   # BenchConfig fields a suite does not set (the run sets out)
+
+
+@dataclass(frozen=True)
+class Cell:
+    key: str                          # sha256 of the resolved settings, 12 hex digits
+    coords: tuple[tuple[str, str], ...]   # (axis, value label) in axis order
+    settings: dict[str, Any]          # BenchConfig keyword arguments (less out); options: method flags
+
+    def coord(self, axis: str) -> str | None:
+        return dict(self.coords).get(axis)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    path: Path
+    description: str
+    axes: tuple[str, ...]             # grid keys, then named axes, in file order
+    cells: tuple[Cell, ...]
+
+
+def _method_options() -> dict[str, click.Option]:
+    from drift_cli.methods import METHODS
+
+    out: dict[str, click.Option] = {}
+    for name in METHODS.names():
+        for opt in METHODS[name].cli_options:
+            out.setdefault(opt.name, opt)
+    return out
+
+
+def _bench_fields() -> dict[str, Any]:
+    from drift_cli.bench import BenchConfig
+
+    base = BenchConfig()
+    return {f.name: getattr(base, f.name) for f in fields(BenchConfig) if f.name not in NOT_SETTINGS}
+
+
+def _setting_names() -> list[str]:
+    return [*_bench_fields(), "batch_size", *_method_options()]
+
+
+def _key(name: str, where: str) -> str:
+    key = name.replace("-", "_")
+    names = _setting_names()
+    if key not in names:
+        raise unknown(f"setting in {where}", name, names)
+    return key
+
+
+def _bench_params() -> dict[str, click.Parameter]:
+    """`drift bench`'s options by name: a setting's type and check are its flag's."""
+    from drift_cli.cli import bench
+
+    return {p.name: p for p in bench.params if p.name}
+
+
+def _value(key: str, value: Any, where: str) -> Any:
+    """Type-check one setting as its `drift bench` flag checks it."""
+    if key == "batch_size":
+        if value not in BATCH_SIZES:
+            raise BadInput(f"{where}: batch_size {value!r}: only batch size 1 exists today (batched decoding has not landed)")
+        return value
+    if key == "control":                 # the flag is --no-control
+        if not isinstance(value, bool):
+            raise BadInput(f"{where}: control must be true or false (got {value!r})")
+        return value
+    param = _bench_params()[key]
+    try:
+        return param.type.convert(value, param, None)
+    except click.BadParameter as e:
+        raise BadInput(f"{where}: {key} = {value!r}: {e.format_message()}") from None
+
+
+def _table(raw: dict, name: str) -> dict:
+    t = raw.get(name, {})
+    if not isinstance(t, dict):
+        raise BadInput(f"[{name}] must be a table")
+    return t
+
+
+def _settings(table: dict, where: str) -> dict[str, Any]:
+    out = {}
+    for k, v in table.items():
+        key = _key(k, where)
+        out[key] = _value(key, v, where)
+    return out
+
+
+def _label(value: Any) -> str:
+    return "none" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
+
+
+def parse_suite(path: Path, raw: dict) -> tuple[str, dict, list[tuple[str, list[tuple[str, dict]]]]]:
+    """(description, base settings, axes): each axis a list of (label, settings) points."""
+    for k in raw:
+        if k not in TABLES:
+            raise unknown("suite table", k, TABLES)
+    if raw.get("version") != SUITE_VERSION:
+        raise BadInput(f"{path}: version = {raw.get('version')!r}; this drift-bench reads suite version {SUITE_VERSION}")
+    base = _settings(_table(raw, "base"), "[base]")
+    axes: list[tuple[str, list[tuple[str, dict]]]] = []
+    for k, values in _table(raw, "grid").items():
+        key = _key(k, "[grid]")
+        if not isinstance(values, list):
+            raise BadInput(f"[grid] {k} must be a list of values (a single value belongs in [base])")
+        if not values:
+            raise BadInput(f"[grid] {k} is empty: the suite has no cells")
+        axes.append((key, [(_label(v), {key: _value(key, v, f"[grid] {k}")}) for v in values]))
+    for name, points in _table(raw, "axes").items():
+        if not isinstance(points, dict) or not points:
+            raise BadInput(f"[axes.{name}] must be a non-empty table of points (label = {{ setting = value, ... }})")
+        pts = []
+        for label, settings in points.items():
+            if not isinstance(settings, dict):
+                raise BadInput(f"[axes.{name}] {label} must be a table of settings")
+            pts.append((label, _settings(settings, f"[axes.{name}] {label}")))
+        axes.append((name, pts))
+    if not axes:
+        raise BadInput(f"{path}: the suite declares no grid: give [grid] lists or [axes.NAME] points")
+    return str(raw.get("description", "")), base, axes
+
+
+def cell_key(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def resolve_cell(base: dict, point: list[tuple[str, str, dict]]) -> Cell:
+    """One cell's full settings: bench defaults < [base] < its grid values and axis points."""
+    explicit = dict(base)
+    seen: dict[str, str] = {}
+    for axis, _, settings in point:
+        for k, v in settings.items():
+            if k in seen:
+                raise BadInput(f"setting {k} is set by both axis {seen[k]} and axis {axis}")
+            seen[k] = axis
+            explicit[k] = v
+    explicit.pop("batch_size", None)   # checked above; only 1 exists, so it does not enter the key
+    if "corpus" in explicit and explicit["corpus"] is not None and "scenario" not in explicit:
+        explicit["scenario"] = None
+    method_opts = _method_options()
+    settings = _bench_fields() | {k: v for k, v in explicit.items() if k not in method_opts}
+    settings["options"] = {k: explicit.get(k, opt.default) for k, opt in method_opts.items()}
+    return Cell(cell_key(settings), tuple((axis, label) for axis, label, _ in point), settings)
+
+
+def validate_cell(cell: Cell) -> None:
+    """The checks `drift bench` makes before loading a model, with the cell's coordinates in the message."""
+    from drift_cli.bench import BenchConfig, check_preset, resolve_scenario
+    from drift_cli.methods import resolve_methods
+
+    cfg = BenchConfig(**cell.settings)
+    try:
+        cfg.validate()
+        resolve_methods(cfg.methods)
+        if cfg.corpus is None:
+            resolve_scenario(cfg)
+        check_preset(cfg)
+    except BadInput as e:
+        where = ", ".join(f"{a}={v}" for a, v in cell.coords)
+        raise BadInput(f"cell {where}: {e}") from None
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` (VALUE a TOML value; a bare word is a string) -> (key, value)."""
+    from drift_cli.scenarios.schema import tomllib
+
+    key, eq, value = text.partition("=")
+    if not eq or not key.strip():
+        raise BadInput(f"--set {text!r}: expected KEY=VALUE")
+    try:
+        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()
+    return _key(key.strip(), "--set"), parsed
+
+
+def apply_overrides(raw: dict, overrides: dict[str, Any]) -> dict:
+    """Each override fixes its setting for every cell: it goes into [base] and out of the grid and axes."""
+    raw = {**raw, "base": dict(raw.get("base", {})), "grid": dict(raw.get("grid", {})),
+           "axes": {n: {p: dict(v) if isinstance(v, dict) else v for p, v in pts.items()} if isinstance(pts, dict) else pts
+                    for n, pts in raw.get("axes", {}).items()}}
+    norm = lambda k: k.replace("-", "_")  # noqa: E731
+    for key, value in overrides.items():
+        raw["base"] = {k: v for k, v in raw["base"].items() if norm(k) != key} | {key: value}
+        raw["grid"] = {k: v for k, v in raw["grid"].items() if norm(k) != key}
+        for pts in raw["axes"].values():
+            for settings in pts.values() if isinstance(pts, dict) else ():
+                if isinstance(settings, dict):
+                    for k in [k for k in settings if norm(k) == key]:
+                        del settings[k]
+    return raw
+
+
+def load_suite(path: Path, overrides: dict[str, Any] | None = None) -> Suite:
+    from drift_cli.scenarios.schema import read_toml
+
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"no suite file at {path}")
+    raw = read_toml(path)
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+    description, base, axes = parse_suite(path, raw)
+    cells: dict[str, Cell] = {}
+    for combo in itertools.product(*[[(name, label, s) for label, s in points] for name, points in axes]):
+        cell = resolve_cell(base, list(combo))
+        cells.setdefault(cell.key, cell)      # two points that resolve alike are one cell
+    checked: set[tuple] = set()
+    for cell in cells.values():
+        sig = tuple(sorted((k, str(v)) for k, v in cell.settings.items() if k != "seed"))
+        if sig not in checked:            # the seed never makes a cell invalid
+            checked.add(sig)
+            validate_cell(cell)
+    return Suite(path.stem, path, description, tuple(name for name, _ in axes), tuple(cells.values()))
