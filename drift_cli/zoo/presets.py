@@ -181,13 +181,13 @@ PRETRAINED: dict[str, PretrainedPreset] = {
         file="SmolLM2-135M-Instruct.Q4_1.gguf",
         draft=DraftFromTarget(layers=2, vocab=8192),
         draft_train=KDRecipe(
-            data=LabelledData(raw_tokens=98_304, generated_tokens=49_152, seq_len=128, prefix_len=32,
+            data=LabelledData(raw_tokens=65_536, generated_tokens=65_536, seq_len=128, prefix_len=32,
                               gen_batch=16, top_k=32),
-            epochs=3, batch=16, lr=1e-3, warmup=20),
+            epochs=2, batch=16, lr=1e-3, warmup=10),
         offline=KDRecipe(
-            data=LabelledData(raw_tokens=32_768, generated_tokens=16_384, seq_len=128, prefix_len=32,
+            data=LabelledData(raw_tokens=24_576, generated_tokens=24_576, seq_len=128, prefix_len=32,
                               gen_batch=16, top_k=32),
-            epochs=3, batch=16, lr=5e-4, warmup=10),
+            epochs=2, batch=16, lr=5e-4, warmup=5),
     ),
 }
 
