@@ -25,3 +25,11 @@ def resolve_methods(spec: str) -> list[str]:
     for n in names:
         METHODS[n]
     return names
+
+
+def settings_classes(names: list[str] | None = None) -> list[type]:
+    """The settings dataclasses of these registered methods (default: all), each once, in order."""
+    out: list[type] = []
+    for name in METHODS.names() if names is None else names:
+        out += [c for c in METHODS[name].configs if c not in out]
+    return out

@@ -18,12 +18,11 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-import click
 import numpy as np
 import torch
 
 from drift_cli.drift.bank import DriftBank
-from drift_cli.drift.config import KEYS, DriftConfig
+from drift_cli.drift.config import DriftConfig, DriftFiles
 from drift_cli.drift.keymap import DraftShadow, KeyMapSpec, RidgeKeyMap
 from drift_cli.drift.snapshot import load_bank, save_bank
 from drift_cli.engine.sampling import Sampler
@@ -43,19 +42,7 @@ def _no_neighbours(rows: int, k: int, device) -> Neighbours:
 class DriftMethod(ModelDraftPolicy):
     name = "drift"
     description = "the static draft plus the DRIFT bank: gradient-free recalibration from verification feedback"
-    cli_options = [
-        click.Option(["--gain"], type=float, default=None, help="DRIFT: bias gain λ"),
-        click.Option(["--eta"], type=float, default=None, help="DRIFT: EMA rate η (floor of the adaptive rate)"),
-        click.Option(["--tau"], type=float, default=None, help="DRIFT: similarity threshold τ to update instead of allocate"),
-        click.Option(["--neighbors"], type=int, default=None, help="DRIFT: prototypes retrieved per position (k)"),
-        click.Option(["--sigma"], type=float, default=None, help="DRIFT: Gaussian kernel width σ over cosine distance"),
-        click.Option(["--bank-size"], type=int, default=None, help="DRIFT: prototypes per tenant bank (N)"),
-        click.Option(["--support"], type=int, default=None, help="DRIFT: support tokens per prototype (m; 0 = full vocabulary)"),
-        click.Option(["--adaptive-rate/--no-adaptive-rate"], default=None, help="DRIFT: per-prototype rate max(η, 1/(n+1))"),
-        click.Option(["--key"], type=click.Choice(KEYS), default=None, help="DRIFT: key on the draft hidden state or an estimated target one"),
-        click.Option(["--bank-in"], type=click.Path(path_type=Path), default=None, help="DRIFT: warm-start from a bank snapshot"),
-        click.Option(["--bank-out"], type=click.Path(path_type=Path), default=None, help="DRIFT: save the bank(s) after the stream"),
-    ]
+    configs = (DriftConfig, DriftFiles)
 
     def __init__(self, draft: torch.nn.Module, cfg: DriftConfig = DriftConfig(), *, fingerprint: str | None = None,
                  bank_in: Path | None = None, bank_out: Path | None = None,
@@ -88,9 +75,9 @@ class DriftMethod(ModelDraftPolicy):
     def build(cls, ctx: MethodContext) -> "DriftMethod":
         if ctx.draft is None:
             raise BadInput("method drift needs a draft model")
-        cfg = DriftConfig.from_options(ctx.options).validate(ctx.vocab_size)
-        return cls(ctx.draft, cfg, fingerprint=ctx.draft_fingerprint,
-                   bank_in=ctx.options.get("bank_in"), bank_out=ctx.options.get("bank_out"))
+        files = ctx.config(DriftFiles)
+        return cls(ctx.draft, ctx.config(DriftConfig).validate(ctx.vocab_size), fingerprint=ctx.draft_fingerprint,
+                   bank_in=files.bank_in, bank_out=files.bank_out)
 
     # -- banks ---------------------------------------------------------------------------------
 
