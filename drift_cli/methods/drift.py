@@ -163,18 +163,12 @@ class DriftMethod(ModelDraftPolicy):
 
     def _observe_target_keyed(self, hidden: torch.Tensor, nb: Neighbours, logp: torch.Tensor,
                               logq: torch.Tensor) -> None:
-        """The bank update on mapped states, mirrored on the draft-space shadow: the same matched
-        positions (nearest within τ) and rates, then the slots the books hand out for the rest."""
-        bank, shadow = self.bank, self.shadows[self.tenant]
-        idx, sim = nb.idx[:, 0].tolist(), nb.sim[:, 0].tolist()
-        matched = [p for p in range(len(idx)) if idx[p] >= 0 and sim[p] >= self.cfg.tau]
-        slots = [idx[p] for p in matched]
-        if matched:
-            counts = (bank.counts.numpy()[slots] if bank.counts.device.type == "cpu"     # n_i before
-                      else bank.counts[torch.tensor(slots, device=bank.counts.device)]).tolist()
-            shadow.update(matched, slots, counts, hidden, self.cfg.eta, self.cfg.adaptive_rate)
-        bank.observe(self._key(hidden), nb, logp, logq)
-        shadow.allocate(*bank.last_allocation, hidden)
+        """The bank update on mapped states, mirrored on the draft-space shadow: the positions the
+        update matched, at the rates it used, then the slots the books handed out for the rest."""
+        done = self.bank.observe(self._key(hidden), nb, logp, logq)
+        shadow = self.shadows[self.tenant]
+        shadow.update(done.matched, done.rates, hidden)
+        shadow.allocate(done.allocations, hidden)
 
     def _learn_key_map(self, feedback: Feedback) -> None:
         """Add this iteration's (draft, target) pairs; at a (re)fit create or re-key the tenant's bank.

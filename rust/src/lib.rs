@@ -82,6 +82,7 @@ fn py_err(e: CoreError) -> PyErr {
         CoreError::Tenant(_) => TenantError::new_err(msg),
         CoreError::Slot(_) => SlotError::new_err(msg),
         CoreError::Quota(_) => QuotaError::new_err(msg),
+        CoreError::Shape(_) => pyo3::exceptions::PyValueError::new_err(msg),
         CoreError::SnapshotInput(_) => SnapshotError::new_err(msg),
         CoreError::SnapshotCorrupt(_) => SnapshotCorrupt::new_err(msg),
         CoreError::SnapshotVersion { .. } => SnapshotVersionError::new_err(msg),
@@ -257,6 +258,12 @@ impl PyBooks {
 
     fn __len__(&self) -> usize {
         self.inner.len() as usize
+    }
+
+    /// (hi, n_valid): 1 + the highest slot handed out since these books were made or loaded,
+    /// and the used slots. The books own a bank's extent (retrieval scans slots [0, hi)).
+    fn extent(&self) -> (u32, u32) {
+        self.inner.extent()
     }
 
     fn __repr__(&self) -> String {
