@@ -3,13 +3,13 @@
 
 On the CPU a DRIFT step is a few hundred kilo-FLOPs spread over dozens of tiny operations; with
 PyTorch or numpy the per-call cost, not arithmetic, decided the overhead (docs/drift.md has the
-measurements). Here a bank's `CpuBank` (Rust) makes a
-draft step (retrieval fused with the bias add) one call taking three arrays, and an iteration's
-whole update (books included) one call.
-The reference (`drift_kernels.reference`, including its whole-update `observe`) is the
+measurements). Here a bank's `CpuBank` (Rust) makes a draft step (retrieval fused with the
+bias add) one call taking three arrays, and an iteration's whole update (books included) one
+call. The reference (`drift_kernels.reference`, including its whole-update `observe`) is the
 specification: tests check the retrieved slots are identical, similarities and weights agree to
 fp32 rounding (the dot products sum in another order), and the bias add, the EMA step and the
-update give bit-identical results from the same inputs (same fp32 operations in the same order). Tensors are read and written in place through `.numpy()` (shared memory).
+update give bit-identical results from the same inputs (same fp32 operations in the same
+order). Tensors are read and written in place through `.numpy()` (shared memory).
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ class DraftShadow:
     @torch.inference_mode()
     def __init__(self, slots: int, d_in: int, device: torch.device | str = "cpu") -> None:
         self.states = torch.zeros(slots, d_in, dtype=torch.float32, device=device)
-        # on the CPU the per-position steps run on a numpy view (a few µs instead of ~30 per step)
+        # on the CPU the per-position steps run on a numpy view (cheaper than tensor indexing per step)
         self._host = self.states.numpy() if self.states.device.type == "cpu" else None
 
     @torch.inference_mode()

@@ -133,7 +133,7 @@ class DriftMethod(ModelDraftPolicy):
         bank = self.bank
         if bank is not None and bank.native and not self.target_keyed:
             # the Rust path reads the tensors in place: no tensor operation, so no inference-mode
-            # guard either (entering one costs ~2 µs warm, several times that in this loop)
+            # guard either (entering one costs microseconds in this loop)
             bank.observe_drafted(prop.hidden, feedback.target_logits, prop.base_logits, prop.k,
                                  1.0 if feedback.sampler.greedy else feedback.sampler.temperature)
             return
@@ -202,7 +202,7 @@ class DriftMethod(ModelDraftPolicy):
             return recorded
         kn, dev = self.cfg.neighbors, self.device
         steps = [nb if nb is not None else _no_neighbours(b, kn, dev) for nb in self._pending[:k]]
-        if dev.type == "cpu":            # numpy stacking: a few µs instead of three torch calls
+        if dev.type == "cpu":            # numpy stacking: cheaper than three torch calls
             stack = lambda name: torch.from_numpy(  # noqa: E731
                 np.stack([getattr(nb, name).numpy() for nb in steps], 1).reshape(b * k, kn))
         else:

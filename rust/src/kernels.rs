@@ -5,7 +5,9 @@
 //! here; the state (recorded retrievals) and the algorithms are the core's. Bank arrays are
 //! written in place.
 
-use drift_bank_core::cpu_bank::{self as core, add_bias_rows, retrieve_rows, KeysView, Knobs, Layout, Rows};
+use drift_bank_core::cpu_bank::{
+    self as core, add_bias_rows, retrieve_rows, KeysView, Knobs, Layout, Rows,
+};
 use drift_bank_core::kernels::{self, BankArrays, Retrieved, Rule, Support};
 use numpy::{
     PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1,
@@ -262,8 +264,8 @@ fn f32_rows<'a>(name: &str, a: &'a Bound<'_, PyAny>, per: Option<usize>) -> PyRe
 
 /// A float32 CPU torch tensor's (data pointer, shape, strides in elements), read through five
 /// attribute calls made from here. Warm they cost about what `Tensor.numpy()` does; with cold
-/// caches, as inside the decoding loop, a draft step that takes h and z this way saved ~8 µs
-/// of ~38 (`benchmarks/bench_cpu_step.py`).
+/// caches, as inside the decoding loop, they are cheaper (`benchmarks/bench_cpu_step.py`
+/// measures it; docs/drift.md keeps the figures).
 fn tensor_layout(name: &str, t: &Bound<'_, PyAny>) -> PyResult<(usize, Vec<usize>, Vec<isize>)> {
     static FLOAT32: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = t.py();
@@ -297,7 +299,8 @@ unsafe fn layout_rows<'a>(
     strides: &[isize],
     per: Option<usize>,
 ) -> PyResult<Rows<'a>> {
-    let layout = Layout::of(shape, strides, per).map_err(|e| PyValueError::new_err(format!("{name}: {e}")))?;
+    let layout = Layout::of(shape, strides, per)
+        .map_err(|e| PyValueError::new_err(format!("{name}: {e}")))?;
     let data: &[f32] = if layout.span == 0 {
         &[]
     } else {
@@ -495,7 +498,10 @@ impl CpuBank {
             valid: b.valid,
             dim: self.arrays.dim,
         };
-        let rows = match self.core.retrieve(&view, (hi as usize, n_valid as usize), &h) {
+        let rows = match self
+            .core
+            .retrieve(&view, (hi as usize, n_valid as usize), &h)
+        {
             Some(rows) if self.core.knobs.gain != 0.0 => rows,
             _ => return Ok(false),
         };

@@ -32,9 +32,15 @@ impl Layout {
     /// The rows of an array with this shape and strides (in elements): all rows of a 2-D one;
     /// the first `steps` positions of each batch of a 3-D one when `per` is Some(steps). Rows
     /// must be contiguous, strides non-negative.
-    pub fn of(shape: &[usize], strides: &[isize], per: Option<usize>) -> std::result::Result<Layout, String> {
+    pub fn of(
+        shape: &[usize],
+        strides: &[isize],
+        per: Option<usize>,
+    ) -> std::result::Result<Layout, String> {
         if shape.len() != strides.len() {
-            return Err(format!("shape {shape:?} and strides {strides:?} differ in length"));
+            return Err(format!(
+                "shape {shape:?} and strides {strides:?} differ in length"
+            ));
         }
         if strides.iter().any(|&s| s < 0) {
             return Err("negative strides".into());
@@ -76,7 +82,7 @@ impl Layout {
 
     /// C-contiguous [len / width, width].
     pub fn packed(len: usize, width: usize) -> Layout {
-        let n = if width == 0 { 0 } else { len / width };
+        let n = len.checked_div(width).unwrap_or(0);
         Layout {
             outer: n * width,
             inner: width,
@@ -99,7 +105,11 @@ impl<'a> Rows<'a> {
     /// `data` starts at the first element and holds at least `layout.span` elements.
     pub fn new(data: &'a [f32], layout: Layout) -> std::result::Result<Self, String> {
         if data.len() < layout.span {
-            return Err(format!("{} elements, the layout reads {}", data.len(), layout.span));
+            return Err(format!(
+                "{} elements, the layout reads {}",
+                data.len(),
+                layout.span
+            ));
         }
         Ok(Rows { data, layout })
     }
@@ -212,7 +222,16 @@ pub fn add_bias_rows(
     for row in 0..z.n() {
         let (rk, rv) = (row * k..(row + 1) * k, row * v..(row + 1) * v);
         out[rv.clone()].copy_from_slice(z.row(row));
-        kernels::bias_add_row(z.row(row), &mut out[rv], &idx[rk.clone()], &w[rk], support, bias, gain, acc);
+        kernels::bias_add_row(
+            z.row(row),
+            &mut out[rv],
+            &idx[rk.clone()],
+            &w[rk],
+            support,
+            bias,
+            gain,
+            acc,
+        );
     }
 }
 
@@ -312,7 +331,12 @@ impl CpuBank {
     /// One draft step's retrieval for the rows of h: the k nearest of slots [0, hi) (the books'
     /// extent), appended to the record. Returns the recorded rows, or None when the bank is
     /// empty (the rows are then recorded empty).
-    pub fn retrieve(&mut self, bank: &KeysView<'_>, (hi, n_valid): (usize, usize), h: &Rows<'_>) -> Option<Range<usize>> {
+    pub fn retrieve(
+        &mut self,
+        bank: &KeysView<'_>,
+        (hi, n_valid): (usize, usize),
+        h: &Rows<'_>,
+    ) -> Option<Range<usize>> {
         let (q, k) = (h.n(), self.knobs.k);
         let r0 = self.found.push_empty(q, k);
         if n_valid == 0 {
@@ -327,17 +351,37 @@ impl CpuBank {
             keys,
             valid,
             self.knobs.inv_two_sigma_sq,
-            (&mut f.idx[rows.clone()], &mut f.sim[rows.clone()], &mut f.weight[rows.clone()]),
+            (
+                &mut f.idx[rows.clone()],
+                &mut f.sim[rows.clone()],
+                &mut f.weight[rows.clone()],
+            ),
             &mut self.scratch,
         );
         Some(r0..r0 + q)
     }
 
     /// out [Q, V] = z + λβ from the recorded retrievals of `rows` (what `retrieve` returned).
-    pub fn add_bias(&mut self, rows: Range<usize>, z: &Rows<'_>, out: &mut [f32], support: Support<'_>, bias: &[f32]) {
+    pub fn add_bias(
+        &mut self,
+        rows: Range<usize>,
+        z: &Rows<'_>,
+        out: &mut [f32],
+        support: Support<'_>,
+        bias: &[f32],
+    ) {
         let k = self.knobs.k;
         let (f, r) = (&self.found, rows.start * k..rows.end * k);
-        add_bias_rows(z, out, &f.idx[r.clone()], &f.weight[r], support, bias, self.knobs.gain, &mut self.acc);
+        add_bias_rows(
+            z,
+            out,
+            &f.idx[r.clone()],
+            &f.weight[r],
+            support,
+            bias,
+            self.knobs.gain,
+            &mut self.acc,
+        );
     }
 
     /// One iteration's whole update (`kernels::observe`), in place. h [P, d], logp, logq [P, V]
@@ -369,7 +413,7 @@ impl CpuBank {
                 bank.dim
             ));
         }
-        if !(temperature > 0.0) {
+        if temperature.is_nan() || temperature <= 0.0 {
             return bad("temperature must be positive".into());
         }
         let k = self.knobs.k;
@@ -378,14 +422,27 @@ impl CpuBank {
             Some(g) => g,
             None => {
                 if p > self.found.rows || (steps != 0 && p % steps != 0) || (steps == 0 && p != 0) {
-                    return bad(format!("{p} positions, {} draft rows recorded", self.found.rows));
+                    return bad(format!(
+                        "{p} positions, {} draft rows recorded",
+                        self.found.rows
+                    ));
                 }
-                let b = if steps == 0 { 0 } else { p / steps };
+                let b = p.checked_div(steps).unwrap_or(0);
                 if b <= 1 {
-                    Retrieved { idx: &self.found.idx[..p * k], sim: &self.found.sim[..p * k], weight: &self.found.weight[..p * k], k }
+                    Retrieved {
+                        idx: &self.found.idx[..p * k],
+                        sim: &self.found.sim[..p * k],
+                        weight: &self.found.weight[..p * k],
+                        k,
+                    }
                 } else {
                     reordered = self.found.batch_major(b, steps, k);
-                    Retrieved { idx: &reordered.0, sim: &reordered.1, weight: &reordered.2, k }
+                    Retrieved {
+                        idx: &reordered.0,
+                        sim: &reordered.1,
+                        weight: &reordered.2,
+                        k,
+                    }
                 }
             }
         };
@@ -428,25 +485,45 @@ mod tests {
         assert_eq!((layout.n, layout.width, layout.span), (4, 2, 8 + 2 + 2));
         let rows = Rows::new(&data, layout).unwrap();
         let got: Vec<&[f32]> = (0..4).map(|r| rows.row(r)).collect();
-        assert_eq!(got, [&[0.0, 1.0][..], &[2.0, 3.0], &[8.0, 9.0], &[10.0, 11.0]]);
+        assert_eq!(
+            got,
+            [&[0.0, 1.0][..], &[2.0, 3.0], &[8.0, 9.0], &[10.0, 11.0]]
+        );
         assert!(rows.packed().is_none());
         let mut into = Vec::new();
-        assert_eq!(rows.contiguous(2.0, &mut into), [0.0, 0.5, 1.0, 1.5, 4.0, 4.5, 5.0, 5.5]);
+        assert_eq!(
+            rows.contiguous(2.0, &mut into),
+            [0.0, 0.5, 1.0, 1.5, 4.0, 4.5, 5.0, 5.5]
+        );
         // a view x[:, -1] of [B, T, X]: 2-D [B, X] with row stride T·X
         let last = Rows::new(&data[4..], Layout::of(&[2, 2], &[8, 1], None).unwrap()).unwrap();
-        assert_eq!((last.row(0), last.row(1)), (&[4.0, 5.0][..], &[12.0, 13.0][..]));
+        assert_eq!(
+            (last.row(0), last.row(1)),
+            (&[4.0, 5.0][..], &[12.0, 13.0][..])
+        );
         // packed rows are the slice itself
         let packed = Rows::of_slice(&data[..6], 2);
         assert_eq!(packed.packed(), Some(&data[..6]));
-        assert!(std::ptr::eq(packed.contiguous(1.0, &mut into).as_ptr(), data.as_ptr()));
+        assert!(std::ptr::eq(
+            packed.contiguous(1.0, &mut into).as_ptr(),
+            data.as_ptr()
+        ));
     }
 
     #[test]
     fn layouts_refuse_what_they_cannot_read() {
-        assert!(Layout::of(&[2, 3], &[3, 2], None).unwrap_err().contains("contiguous"));
-        assert!(Layout::of(&[2, 3], &[-3, 1], None).unwrap_err().contains("negative"));
-        assert!(Layout::of(&[2, 3, 4], &[12, 4, 1], Some(4)).unwrap_err().contains("3 positions, 4 wanted"));
-        assert!(Layout::of(&[2, 3, 4], &[12, 4, 1], None).unwrap_err().contains("[Q, X]"));
+        assert!(Layout::of(&[2, 3], &[3, 2], None)
+            .unwrap_err()
+            .contains("contiguous"));
+        assert!(Layout::of(&[2, 3], &[-3, 1], None)
+            .unwrap_err()
+            .contains("negative"));
+        assert!(Layout::of(&[2, 3, 4], &[12, 4, 1], Some(4))
+            .unwrap_err()
+            .contains("3 positions, 4 wanted"));
+        assert!(Layout::of(&[2, 3, 4], &[12, 4, 1], None)
+            .unwrap_err()
+            .contains("[Q, X]"));
         let l = Layout::of(&[3, 4], &[4, 1], None).unwrap();
         assert!(Rows::new(&[0.0; 11], l).is_err() && Rows::new(&[0.0; 12], l).is_ok());
     }
@@ -487,7 +564,13 @@ mod tests {
             }
         }
 
-        fn observe(&mut self, bank: &mut CpuBank, books: &mut Books, h: &[f32], steps: usize) -> Observed {
+        fn observe(
+            &mut self,
+            bank: &mut CpuBank,
+            books: &mut Books,
+            h: &[f32],
+            steps: usize,
+        ) -> Observed {
             let logits: Vec<f32> = (0..h.len() / 2).flat_map(|_| [0.0f32, 1.0, 2.0]).collect();
             let mut arrays = BankArrays {
                 keys: &mut self.keys,
@@ -497,7 +580,17 @@ mod tests {
                 dim: 2,
             };
             let (hr, lr) = (Rows::of_slice(h, 2), Rows::of_slice(&logits, 3));
-            bank.observe(books, "t", &mut arrays, &mut self.valid, (&hr, &lr, &lr), steps, 1.0, None).unwrap()
+            bank.observe(
+                books,
+                "t",
+                &mut arrays,
+                &mut self.valid,
+                (&hr, &lr, &lr),
+                steps,
+                1.0,
+                None,
+            )
+            .unwrap()
         }
 
         fn step(&self, bank: &mut CpuBank, books: &Books, h: &[f32]) -> Option<Range<usize>> {
@@ -533,7 +626,10 @@ mod tests {
         assert_eq!(a.step(&mut bank, &books, &[-1.0, 0.0]), Some(1..2));
         assert_eq!(bank.recorded().idx, [1, 1]); // [-1, 0]: nearest is slot 1 (similarity 0 < τ)
         let done = a.observe(&mut bank, &mut books, &[0.0, 1.0, -1.0, 0.0], 2);
-        assert_eq!((done.matched.clone(), done.rates.clone()), (vec![(0, 1)], vec![0.5]));
+        assert_eq!(
+            (done.matched.clone(), done.rates.clone()),
+            (vec![(0, 1)], vec![0.5])
+        );
         assert_eq!(done.allocations, [(1, 2)]);
         assert_eq!(books.extent(), (3, 3));
         assert_eq!(a.counts, [1, 2, 1]);
@@ -541,7 +637,14 @@ mod tests {
         bank.begin();
         a.step(&mut bank, &books, &[s, -s]);
         let done = a.observe(&mut bank, &mut books, &[s, -s], 1);
-        assert_eq!((done.allocations.clone(), done.evicted, done.newly_valid.clone()), (vec![(0, 0)], 1, vec![]));
+        assert_eq!(
+            (
+                done.allocations.clone(),
+                done.evicted,
+                done.newly_valid.clone()
+            ),
+            (vec![(0, 0)], 1, vec![])
+        );
         assert_eq!(books.extent(), (3, 3));
     }
 
@@ -577,7 +680,12 @@ mod tests {
         a.step(&mut bank, &books, &[0.0, 1.0, 1.0, 0.0]); // t1: i0 -> 1, i1 -> 0
         assert_eq!(bank.recorded().idx, [0, 1, 1, 0]);
         // batch-major h: i0 = ([1, 0], [0, 1]), i1 = ([0, 1], [1, 0]): each matches its record
-        let done = a.observe(&mut bank, &mut books, &[1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0], 2);
+        let done = a.observe(
+            &mut bank,
+            &mut books,
+            &[1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0],
+            2,
+        );
         assert_eq!(done.matched, [(0, 0), (1, 1), (2, 1), (3, 0)]);
         assert!(done.allocations.is_empty());
         assert_eq!(&a.counts[..2], [3, 3]);

@@ -375,7 +375,7 @@ fn full_residual(lp: &[f32], lq: &[f32], r: &mut [f32]) {
 
 /// First index of the maximum (as numpy's and torch's argmax; NaN-blind, 0 for an empty or all
 /// -inf row): the vectorised maximum, then the first position holding it (a scalar running
-/// argmax carries a dependency from element to element, ~4x slower over a vocabulary).
+/// argmax carries a dependency from element to element: several times slower over a vocabulary).
 fn argmax(x: &[f32]) -> usize {
     #[cfg(target_arch = "x86_64")]
     let top = if std::arch::is_x86_feature_detected!("avx2") {
