@@ -56,7 +56,7 @@ class DriftMethod(ModelDraftPolicy):
                            "would need the ridge map and the draft-space shadow keys); use --key draft")
         self.fingerprint, self.bank_in, self.bank_out = fingerprint, bank_in, bank_out
         self.books_factory, self.backend = books_factory, backend
-        head = self.lm.head.weight                                   # [V, d]
+        head = self.lm.head.linear.weight                            # [V, d] (the output head's own layer)
         self.dim, self.device, self.key_dtype = head.shape[1], head.device, head.dtype
         self.banks: dict[str, DriftBank] = {}
         self.bank: DriftBank | None = None
