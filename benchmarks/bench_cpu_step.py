@@ -67,7 +67,8 @@ def main() -> None:
     print(f"{'case':34s} {'warm':>8s} {'cold':>8s}")
     for label, hi in (("empty bank (call only)", 0), ("16 prototypes (+ bias add)", 16),
                       (f"{args.n} prototypes (full scan)", args.n)):
-        bank.set_extent(hi, hi)
+        while bank.hi < hi:                           # the books own the extent: hand out slots up to hi
+            bank.books.allocate(bank.tenant)
         step = lambda: cpu.step(h, z, out)  # noqa: E731
         print(f"{label:34s} {median_us(step, args.repeats):8.2f} {median_us(step, args.repeats, flush):8.2f}")
     step_np = lambda: cpu.step(h.numpy(), z.numpy(), out)  # noqa: E731

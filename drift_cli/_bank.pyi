@@ -89,6 +89,9 @@ class Books:
         slots lost to eviction, capacity is its quota (pool tenants: the pool's size)."""
     def __len__(self) -> int:
         """Used slots."""
+    def extent(self) -> tuple[int, int]:
+        """(hi, n_valid): 1 + the highest slot handed out since the books were made or loaded,
+        and the used slots. The books own a bank's extent: retrieval scans slots [0, hi)."""
     # Pickling (and copy.deepcopy) go through the snapshot's books encoding.
     def __getnewargs__(self) -> tuple[int]: ...
     def __getstate__(self) -> tuple[int, bytes]: ...
@@ -119,7 +122,7 @@ def read_snapshot_summary(path: str | bytes | os.PathLike[str]) -> dict[str, obj
     N, d, m, dtypes, used, stats, tenants (name -> stats + quota), draft_fingerprint,
     config (parsed), meta (other caller keys), checksum."""
 
-# --- DRIFT's CPU arithmetic (drift-bank-core `kernels`; Python side: drift_kernels/cpu.py) ------
+# --- DRIFT's CPU arithmetic (drift-bank-core `kernels`, `cpu_bank`; Python side: drift_kernels/cpu.py)
 # The functions take C-contiguous arrays: float32 keys/bias/h/z/logits, int64 support/idx/counts,
 # bool valid (`CpuBank` also reads strided float32 rows, see there).
 # Bank arrays (keys [N, d], support [N, m] or None for a full-vocabulary bias [N, V], bias,
@@ -152,25 +155,13 @@ class CpuBank:
                  support: npt.NDArray[numpy.int64] | None, bias: npt.NDArray[numpy.float32],
                  counts: npt.NDArray[numpy.int64], books: object, tenant: str, k: int, inv_two_sigma_sq: float,
                  gain: float, tau: float, eta: float, adaptive: bool, used_weight: float) -> None:
-        """`books`: the extension's `Books` (then `observe` works) or any other object (the
-        update then stays with the caller)."""
+        """`books`: the extension's `Books` (ValueError otherwise), which own the bank's extent."""
 
-    @property
-    def hi(self) -> int:
-        """1 + the highest valid slot: retrieval scans slots [0, hi)."""
-    @property
-    def n_valid(self) -> int:
-        """Valid prototypes."""
-    @property
-    def owns_books(self) -> bool:
-        """Whether `observe` can run (the books are the extension's own)."""
-    def set_extent(self, hi: int, n_valid: int) -> None:
-        """(hi, n_valid) after the bank changed outside `observe` (a snapshot load); ValueError
-        unless n_valid <= hi <= N."""
     def begin(self) -> None:
         """A new proposal: forget the last one's recorded retrievals."""
     def step(self, h: _Rows, z: _Rows, out: npt.NDArray[numpy.float32]) -> bool:
-        """One draft step for h [Q, d], z [Q, V]: the k nearest of slots [0, hi) (recorded),
+        """One draft step for h [Q, d], z [Q, V]: the k nearest of slots [0, hi) (the books'
+        `extent`; recorded),
         then out [Q, V] = z + λβ (bit-identical to drift_kernels.reference.bias_add). False,
         with `out` untouched, when the logits are unchanged (an empty bank, or λ = 0)."""
     def drafted(self, b: int, steps: int) -> tuple[npt.NDArray[numpy.int64], npt.NDArray[numpy.float32],
@@ -179,13 +170,15 @@ class CpuBank:
         batch-major copies (-1 / -inf / 0 for a row drafted while the bank was empty)."""
     def observe(self, h: _Rows, logp: _Rows, logq: _Rows, steps: int, temperature: float = 1.0,
                 idx: npt.NDArray[numpy.int64] | None = None, sim: npt.NDArray[numpy.float32] | None = None,
-                weight: npt.NDArray[numpy.float32] | None = None) -> tuple[int, int, int, list[tuple[int, int]]]:
+                weight: npt.NDArray[numpy.float32] | None = None,
+                ) -> tuple[int, int, int, list[tuple[int, int]], list[tuple[int, int]], list[float], list[int]]:
         """One iteration's DRIFT update with the books, drafted positions in order, in place: match
         (nearest within tau), touch the used slots once each, matched updates (support refresh,
         residual, EMA), one allocation per other position (K = ĥ, S = top-m of max(p, q), B = r on S,
         n = 1), mark new slots valid. h [B, T, d], logp/logq [B, T', V] (positions (i, t < steps),
         batch-major; 2-D [P, .] arrays as they are), log-probabilities at `temperature` (divided
         here; unnormalised will do). The neighbours are the recorded draft steps', or idx/sim/weight
-        [P, k'] when given. Returns (updated, refreshed, evicted, [(position, slot)] allocated in
-        order); ValueError for books that are not the extension's."""
+        [P, k'] when given. Equal to drift_kernels.reference.observe. Returns (updated, refreshed,
+        evicted, [(position, slot)] allocated in order, [(position, slot)] matched in order, [the
+        EMA rate of each matched update], [slots that became valid])."""
 

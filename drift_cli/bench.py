@@ -18,7 +18,7 @@ from drift_cli import metrics
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, StreamRun, run_stream
 from drift_cli.errors import BadInput
-from drift_cli.methods import METHODS, resolve_methods
+from drift_cli.methods import METHODS, resolve_methods, settings_classes
 from drift_cli.methods.base import MethodContext
 from drift_cli.models import Pair, check_same_tokenizer, checkpoint_dir, load_model, load_pair, load_tokenizer
 from drift_cli.results import SCHEMA_VERSION, RunJson, environment, new_run_id
@@ -64,11 +64,16 @@ class BenchConfig:
         if self.max_prompts is not None and self.max_prompts < 1:
             raise BadInput(f"--max-prompts must be at least 1 (got {self.max_prompts})")
         if self.split not in ("train", "dev", "test"):
-            raise BadInput(f"--split must be dev or test (got {self.split})")
+            raise BadInput(f"--split must be train, dev or test (got {self.split})")
         if self.threads is not None and self.threads < 1:
             raise BadInput(f"--threads must be at least 1 (got {self.threads})")
         if (self.draft is None) != (self.target is None):
             raise BadInput("give both --draft and --target, or neither (then --zoo is used)")
+        self.configs()
+
+    def configs(self) -> dict[type, Any]:
+        """Every registered method's settings from `options`, validated (BadInput)."""
+        return MethodContext.settings_from_options(self.options, settings_classes())
 
     @property
     def device_name(self) -> str:
@@ -111,7 +116,7 @@ class Models:
             draft_fingerprint=pair.draft_info.fingerprint,
             eos_id=pair.eos_id,
             vocab_size=pair.target.get_output_embeddings().weight.shape[0],
-            options=self.options(cfg),
+            configs=MethodContext.settings_from_options(self.options(cfg), settings_classes()),
             scenario=scenario,
             seed=cfg.seed,
             resolve_offline=resolve_offline,

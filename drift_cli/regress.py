@@ -138,7 +138,7 @@ def build_stream(cfg: RegressConfig, tokenizer) -> Stream:
 def measuring_threads():
     """Intra-op CPU threads while measuring: $DRIFT_REGRESS_THREADS, default 1. One thread keeps
     the float reduction order fixed (greedy ties cannot flip between runs) and, for small models
-    on a shared machine, is 20x faster than two oversubscribed threads (1.6 s vs 31 s measured)."""
+    on a shared machine, is much faster than two oversubscribed threads."""
     import torch
 
     old = torch.get_num_threads()

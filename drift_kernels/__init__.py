@@ -1,5 +1,7 @@
-"""GPU side of DRIFT: retrieval, bias add and the EMA update, each as a Triton kernel with a
-pure-PyTorch reference (`drift_kernels.reference`) that is the ground truth and the CPU path.
+"""DRIFT's kernels: retrieval, bias add and the EMA update as Triton kernels (the GPU path) and
+in Rust (`drift_kernels.cpu`, the CPU path), each tested against the pure-PyTorch reference
+(`drift_kernels.reference`), which is the specification, including `reference.observe`, one
+iteration's whole update. The reference also runs where neither kernel applies.
 
 Shipped as `drift_kernels`, never as bare `kernels` (a Hugging Face package of that name is
 imported by transformers when present).

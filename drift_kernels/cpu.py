@@ -1,15 +1,15 @@
-"""The CPU path: DRIFT's ops in Rust (`drift_cli._bank`, core module `kernels.rs`) on numpy
-views of the CPU tensors.
+"""The CPU path: DRIFT's ops in Rust (`drift_cli._bank`; core modules `kernels.rs` and
+`cpu_bank.rs` of `rust/bank-core`) on numpy views of the CPU tensors.
 
 On the CPU a DRIFT step is a few hundred kilo-FLOPs spread over dozens of tiny operations; with
-PyTorch (~5-10 µs a call) or numpy (~1-5 µs) the per-call cost, not arithmetic, decided the
-overhead (12-15% of an iteration with the small zoo). Here a bank's `CpuBank` (Rust) makes a
-draft step (retrieval fused with the bias add) one call taking three arrays, and an iteration's
-whole update (books included) one call.
-The reference stays the ground truth: tests check the retrieved slots are identical,
-similarities and weights agree to fp32 rounding (the dot products sum in another order), and the
-bias add and the EMA step give bit-identical results from the same inputs (same fp32 operations
-in the same order). Tensors are read and written in place through `.numpy()` (shared memory).
+PyTorch or numpy the per-call cost, not arithmetic, decided the overhead (docs/drift.md has the
+measurements). Here a bank's `CpuBank` (Rust) makes a draft step (retrieval fused with the
+bias add) one call taking three arrays, and an iteration's whole update (books included) one
+call. The reference (`drift_kernels.reference`, including its whole-update `observe`) is the
+specification: tests check the retrieved slots are identical, similarities and weights agree to
+fp32 rounding (the dot products sum in another order), and the bias add, the EMA step and the
+update give bit-identical results from the same inputs (same fp32 operations in the same
+order). Tensors are read and written in place through `.numpy()` (shared memory).
 """
 
 from __future__ import annotations
@@ -84,13 +84,18 @@ def update(keys: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor, slots: 
     _ext().drift_ema(_np(keys), _np(bias), _np(counts), _np(slots).tolist(), f32_array(residual), f32_array(h), eta, adaptive)
 
 
+def owns(books) -> bool:
+    """Are these the extension's own `Books` (which a `CpuBank` needs: it reads the extent and
+    runs the update on them in Rust)?"""
+    return isinstance(books, _ext().Books)
+
+
 def bank(keys: torch.Tensor, valid: torch.Tensor, support: torch.Tensor | None, bias: torch.Tensor,
          counts: torch.Tensor, books, tenant: str, k: int, sigma: float, gain: float, tau: float, eta: float,
          adaptive: bool, used_weight: float):
     """The Rust `CpuBank` over these fp32 CPU tensors' memory (numpy views; in-place torch writes
-    are seen and vice versa): a draft step (retrieval + bias add, recorded) is one call with
-    three arrays, an iteration's update one call with the books (when they are the extension's
-    own `Books`; `owns_books` says so). See `_bank.pyi`."""
+    are seen and vice versa) and the extension's `books`: a draft step (retrieval + bias add,
+    recorded) is one call with three arrays, an iteration's update one call. See `_bank.pyi`."""
     assert keys.dtype == torch.float32 and keys.device.type == "cpu"
     return _ext().CpuBank(_np(keys), _np(valid), None if support is None else _np(support), _np(bias), _np(counts),
                           books, tenant, k, float(inv_two_sigma_sq(sigma)), gain, tau, eta, adaptive, used_weight)

@@ -40,6 +40,10 @@ class ListBooks:
     def valid_slots(self, tenant=None) -> list[int]:
         return sorted(self._lru)
 
+    def extent(self) -> tuple[int, int]:
+        """(hi, n_valid); no slot is ever released here, so hi is 1 + the highest valid slot."""
+        return (max(self._lru) + 1 if self._lru else 0, len(self._lru))
+
     def tenants(self) -> dict:
         return {t: None for t in dict.fromkeys(self._lru.values())}
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from drift_cli.drift import DriftBank, DriftConfig
-from drift_cli.drift.bank import occurrence_rounds
+from drift_kernels.reference import occurrence_rounds
 from drift_cli.errors import BadInput
 from drift_kernels import Neighbours, reference
 from tests.drift_books import make_books
@@ -183,6 +183,7 @@ def test_cpu_bank_iteration_on_the_engines_tensors_matches_the_reference(m):
     fast, ref = bank(backend="cpu", **kw), bank(backend="reference", **kw)
     assert fast.native and ref.cpu is None
     empty = Neighbours(torch.full((2, 2), -1), torch.full((2, 2), float("-inf")), torch.zeros(2, 2))
+    seen = []
     for _ in range(5):
         hidden = torch.randn(2, steps, d, generator=g)
         draft_logits = torch.randn(2, steps, v, generator=g) * 3
@@ -199,9 +200,11 @@ def test_cpu_bank_iteration_on_the_engines_tensors_matches_the_reference(m):
         by_batch = Neighbours(*(torch.stack([getattr(nb, f) for nb in found], 1).reshape(2 * steps, 2)
                                 for f in ("idx", "sim", "weight")))
         assert torch.equal(torch.from_numpy(recorded.idx), by_batch.idx)
-        fast.observe_drafted(hidden, target_logits, draft_logits, steps, temp)
-        ref.observe(hidden.reshape(2 * steps, d), by_batch, target_logits[:, :steps].reshape(-1, v) / temp,
-                    draft_logits.reshape(-1, v) / temp)
+        got = fast.observe_drafted(hidden, target_logits, draft_logits, steps, temp)
+        want = ref.observe(hidden.reshape(2 * steps, d), by_batch, target_logits[:, :steps].reshape(-1, v) / temp,
+                           draft_logits.reshape(-1, v) / temp)
+        assert got == want                       # the same record: matched pairs, rates, allocations, ...
+        seen.append(want)
     assert fast.n_valid == ref.n_valid > 0 and fast.hi == ref.hi
     assert torch.equal(fast.counts, ref.counts) and torch.equal(fast.valid, ref.valid)
     if m:
@@ -209,3 +212,31 @@ def test_cpu_bank_iteration_on_the_engines_tensors_matches_the_reference(m):
     torch.testing.assert_close(fast.keys, ref.keys, atol=1e-5, rtol=0)
     torch.testing.assert_close(fast.bias, ref.bias, atol=1e-4, rtol=0)
     assert fast.totals == ref.totals and fast.totals.updated > 0
+    assert any(o.matched and o.allocations and o.newly_valid for o in seen)     # every part exercised
+
+
+@torch.inference_mode()
+def test_the_update_with_the_triton_ema_step_equals_the_reference():
+    """`reference.observe` with the Triton EMA kernel (interpreted on the CPU) leaves the bank as
+    the pure reference does and reports the same record."""
+    from functools import partial
+
+    import drift_kernels
+    from drift_kernels import reference
+
+    g = torch.Generator().manual_seed(3)
+    kw = dict(n=6, d=8, m=4, v=12, tau=0.3, neighbors=2)
+    tri, ref = bank(backend="triton", **kw), bank(backend="reference", **kw)
+    assert tri.cpu is None and ref.cpu is None
+    for _ in range(6):
+        h = torch.randn(4, 8, generator=g)
+        nb = reference.retrieve(h, ref.keys[:ref.hi], ref.valid[:ref.hi], 2, ref.cfg.sigma)
+        zp, zq = torch.randn(4, 12, generator=g) * 2, torch.randn(4, 12, generator=g) * 2
+        want = reference.observe(ref.books, ref.tenant, ref.arrays, h, zp, zq, nb, ref.rule)
+        got = reference.observe(tri.books, tri.tenant, tri.arrays, h, zp, zq, nb, tri.rule,
+                                ema=partial(drift_kernels.update, backend="triton"))
+        assert got == want
+    assert ref.n_valid == 6 and int(ref.counts.max()) > 1                # filled up, and prototypes updated
+    assert torch.equal(tri.counts, ref.counts) and torch.equal(tri.support, ref.support)
+    torch.testing.assert_close(tri.keys, ref.keys, atol=1e-6, rtol=0)
+    torch.testing.assert_close(tri.bias, ref.bias, atol=1e-6, rtol=0)

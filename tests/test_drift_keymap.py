@@ -113,10 +113,10 @@ def test_shadow_is_the_rate_weighted_mean_of_raw_states(host):
     s = DraftShadow(4, 2)
     if not host:
         s._host = None                                           # the device path, on the CPU
-    s.allocate([0], [2], h)
-    s.update([1, 2], [2, 2], [1, 1], h, eta=0.1, adaptive=True)   # slot 2 hit twice: rates 1/2 then 1/3
+    s.allocate([(0, 2)], h)
+    s.update([(1, 2), (2, 2)], [1 / 2, 1 / 3], h)                # slot 2 hit twice: rates 1/2 then 1/3
     torch.testing.assert_close(s.states[2], h.mean(0))
-    s.update([0], [2], [3], h, eta=0.5, adaptive=True)            # max(0.5, 1/4)
+    s.update([(0, 2)], [0.5], h)
     torch.testing.assert_close(s.states[2], 0.5 * h.mean(0) + 0.5 * h[0])
     assert s.states[[0, 1, 3]].abs().sum() == 0
 

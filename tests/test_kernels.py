@@ -229,9 +229,11 @@ def test_support_residual_renormalises_and_clips():
     assert r[0, 0].item() == -10.0
 
 
-def test_auto_backend_uses_reference_on_cpu():
+def test_auto_backend_picks_rust_for_cpu_tensors_and_the_reference_elsewhere():
     assert not drift_kernels.use_triton(torch.zeros(1), "auto")
-    assert drift_kernels.ops.resolve(torch.zeros(1), "auto") == "cpu"
+    assert drift_kernels.ops.resolve(torch.zeros(1), "auto") == "cpu"                   # the Rust path
+    assert drift_kernels.ops.resolve(torch.zeros(1, device="meta"), "auto") == "reference"
+    assert drift_kernels.ops.resolve(torch.zeros(1), "reference") == "reference"
     assert drift_kernels.use_triton(torch.zeros(1), "triton")
     with pytest.raises(ValueError, match="unknown kernel backend"):
         drift_kernels.use_triton(torch.zeros(1), "cuda")
@@ -291,44 +293,61 @@ def test_cpu_update_matches_reference(adaptive):
 
 
 def test_cpu_bank_step_fuses_retrieval_and_bias_add():
-    """`CpuBank.step` reads strided h/z rows in place, scans slots [0, hi) under the validity mask,
-    records each row's retrieval (empty rows while the bank is empty), and writes z + λβ."""
+    """`CpuBank.step` reads strided h/z rows in place, scans slots [0, hi) of its books' extent
+    under the validity mask, records each row's retrieval (empty rows while the bank is empty),
+    and writes z + λβ."""
+    from drift_cli._bank import Books
     from drift_kernels import cpu
     z, nb0, support, bias = make_bias_case(1, 60, 16, 500, 4, seed=11)
     keys, valid, g = make_bank(60, 24, torch.float32, seed=11, valid_share=0.8)
     h = torch.randn(1, 24, generator=g)
-    support = support.long()                          # the bank keeps int64 ids
-    bank = cpu.bank(keys, valid, support, bias, torch.zeros(60, dtype=torch.int64), None, "t", k=4, sigma=0.4,
-                    gain=0.6, tau=0.9, eta=0.1, adaptive=True, used_weight=1e-3)
-    assert not bank.owns_books                        # Python books: the update stays in Python
+    support = support.long()                          # the bank keys int64 ids
+
+    def cpu_bank(books):
+        return cpu.bank(keys, valid, support, bias, torch.zeros(60, dtype=torch.int64), books, "t", k=4, sigma=0.4,
+                        gain=0.6, tau=0.9, eta=0.1, adaptive=True, used_weight=1e-3)
+
+    def extend(books, hi):
+        """The books hand out slots up to hi; the invalid ones among them are released again."""
+        while books.extent()[0] < hi:
+            books.allocate("t")
+        for s in range(hi):
+            if not valid[s] and books.is_valid(s):
+                books.release(s)
+        assert books.extent() == (hi, int(valid[:hi].sum()))
+
+    books = Books(60)
+    bank = cpu_bank(books)
+    with pytest.raises(ValueError, match="the extension's own Books"):
+        cpu_bank(None)
     hs, zs = torch.randn(1, 3, 24, generator=g), torch.randn(1, 2, 500, generator=g)
     hs[:, -1], zs[:, -1] = h, z                       # rows read in place from [B, T, .] views
     out = np.empty((1, 500), dtype=np.float32)
     bank.begin()
     assert not bank.step(hs[:, -1].numpy(), zs[:, -1].numpy(), out)    # empty: logits unchanged, row recorded
-    bank.set_extent(60, int(valid.sum()))
-    assert bank.step(hs[:, -1].numpy(), zs[:, -1].numpy(), out)
-    first = torch.from_numpy(out.copy())
-    bank.set_extent(30, int(valid[:30].sum()))
+    extend(books, 30)
     for _ in range(20):                               # the record grows; only slots < 30 are scanned
-        bank.step(h.numpy(), z.numpy(), out)
+        assert bank.step(h.numpy(), z.numpy(), out)
+    extend(books, 60)
+    assert bank.step(hs[:, -1].numpy(), zs[:, -1].numpy(), out)
     nb = reference.Neighbours(*(torch.from_numpy(a) for a in bank.drafted(1, 22)))
     want = reference.retrieve(h, keys, valid, 4, 0.4)
-    assert nb.idx[0].tolist() == [-1] * 4 and torch.equal(nb.idx[1], want.idx[0])
-    torch.testing.assert_close(nb.weight[1:2], want.weight, atol=1e-6, rtol=0)
-    assert torch.equal(first, reference.bias_add(z, reference.Neighbours(nb.idx[1:2], nb.sim[1:2], nb.weight[1:2]),
-                                                 support, bias, 0.6))
-    assert bool((nb.idx[2:] < 30).all()) and bool((nb.idx[2:] == nb.idx[2]).all())
+    want30 = reference.retrieve(h, keys[:30], valid[:30], 4, 0.4)
+    assert nb.idx[0].tolist() == [-1] * 4
+    assert bool((nb.idx[1:21] == want30.idx[0]).all()) and bool((nb.idx[1:21] < 30).all())
+    assert torch.equal(nb.idx[21], want.idx[0])
+    torch.testing.assert_close(nb.weight[21:], want.weight, atol=1e-6, rtol=0)
     last = reference.Neighbours(nb.idx[21:], nb.sim[21:], nb.weight[21:])
     assert torch.equal(torch.from_numpy(out), reference.bias_add(z, last, support, bias, 0.6))
     # a batch of 2: rows were recorded step-major (step 0: b0, b1; ...) and come back batch-major
-    bank.set_extent(0, 0)
-    bank.begin()
+    books2 = Books(60)
+    bank2 = cpu_bank(books2)
+    bank2.begin()
     two_h, two_z = torch.cat([hs, hs]), torch.cat([zs, zs])
-    bank.step(two_h[:, -1].numpy(), two_z[:, -1].numpy(), np.empty((2, 500), dtype=np.float32))
-    bank.set_extent(60, int(valid.sum()))
-    bank.step(two_h[:, -1].numpy(), two_z[:, -1].numpy(), np.empty((2, 500), dtype=np.float32))
-    idx = bank.drafted(2, 2)[0]
+    bank2.step(two_h[:, -1].numpy(), two_z[:, -1].numpy(), np.empty((2, 500), dtype=np.float32))
+    extend(books2, 60)
+    bank2.step(two_h[:, -1].numpy(), two_z[:, -1].numpy(), np.empty((2, 500), dtype=np.float32))
+    idx = bank2.drafted(2, 2)[0]
     assert idx[0].tolist() == [-1] * 4 and idx[1].tolist() == want.idx[0].tolist()
     assert idx[2].tolist() == [-1] * 4 and idx[3].tolist() == want.idx[0].tolist()
     with pytest.raises(ValueError, match="float32"):

@@ -254,8 +254,10 @@ def test_options_and_validation():
     ctx = MethodContext(draft=None, draft_path=None, draft_fingerprint=None, eos_id=None, vocab_size=48)
     with pytest.raises(BadInput, match="needs a draft"):
         OnlineDistillation.build(ctx)
-    names = [o.name for o in OnlineDistillation.cli_options]
-    assert "divergence" not in names and {"osd_interval", "osd_lr", "osd_all_positions"} <= set(names)
+    from drift_cli.commands.options import method_cli_options
+
+    names = [o.name for o in method_cli_options(OnlineDistillation)]
+    assert {"divergence", "osd_interval", "osd_lr", "osd_all_positions"} <= set(names)   # --divergence: shared with offline
 
 
 @pytest.mark.slow
@@ -277,10 +279,11 @@ def test_cli_flags_parse_into_the_config():
     import click
     from click.testing import CliRunner
 
-    from drift_cli.methods.offline import Offline
+    from drift_cli.commands.options import settings_options
+    from drift_cli.methods.offline import OfflineConfig
 
     seen = {}
-    cmd = click.Command("bench", params=[*OnlineDistillation.cli_options, *Offline.cli_options],
+    cmd = click.Command("bench", params=settings_options([OSDConfig, OfflineConfig]),
                         callback=lambda **kw: seen.update(kw))
     res = CliRunner().invoke(cmd, ["--osd-interval", "inf", "--osd-lr", "1e-3", "--osd-topk", "0",
                                    "--osd-all-positions", "--divergence", "tvd"])

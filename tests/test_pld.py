@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from drift_cli.commands.options import method_cli_options
 from drift_cli.errors import BadInput
 from drift_cli.methods.base import MethodContext
 from drift_cli.methods.pld import NgramIndex, PldConfig, PromptLookup
@@ -91,14 +92,14 @@ def test_sampling_matches_target(kw, samples):
 
 def test_options_and_validation():
     ctx = MethodContext(draft=None, draft_path=None, draft_fingerprint=None, eos_id=None, vocab_size=8,
-                        options={"pld_max_ngram": 5})
+                        configs={PldConfig: PldConfig.from_options({"pld_max_ngram": 5})})
     assert PromptLookup.build(ctx).cfg.max_ngram == 5
-    ctx.options = {"pld_max_ngram": None}
+    ctx.configs = {PldConfig: PldConfig.from_options({"pld_max_ngram": None})}
     assert PromptLookup.build(ctx).cfg.max_ngram == 3
     with pytest.raises(BadInput, match="--pld-max-ngram must be >= 1, got 0"):
         PromptLookup(PldConfig(max_ngram=0))
     assert not PromptLookup.uses_draft_model
-    assert [o.name for o in PromptLookup.cli_options] == ["pld_max_ngram"]
+    assert [o.name for o in method_cli_options(PromptLookup)] == ["pld_max_ngram"]
 
 
 class WrongQ(PromptLookup):

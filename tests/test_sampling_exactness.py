@@ -45,6 +45,7 @@ def pair():
     return tiny_pair(vocab=VOCAB, seed=11)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "policy,kw",
     [
@@ -62,6 +63,7 @@ def test_speculative_sampling_matches_target(pair, policy, kw):
     assert p > SIGNIFICANCE, f"output distribution differs from the target's (p = {p:.2e})"
 
 
+@pytest.mark.slow
 def test_wrong_rule_is_detected(pair):
     draft, target = pair
     p = sampling_p_value(target, lambda: WrongRule(draft), PROMPT, samples=3000)

@@ -297,7 +297,10 @@ def test_corpus_directory(env, tmp_path):
     for i in range(30):
         (d / f"n{i}.md").write_text(prose(i, 400))
     (d / "blob.bin").write_bytes(b"\x00\x01" * 100)
-    _corpus_checks(S.corpus_scenario(d))
+    splits = _corpus_checks(S.corpus_scenario(d))
+    sources = {Path(doc.source).name for v in splits.values() for doc in v}
+    assert sources == {f"n{i}.md" for i in range(30)}            # every note, and the binary file excluded
+    assert not any("\x00" in doc.text for v in splits.values() for doc in v)
 
 
 def test_corpus_jsonl(env, tmp_path):

@@ -7,6 +7,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from drift_cli.commands.options import method_cli_options
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, run_stream
 from drift_cli.errors import BadInput
@@ -95,8 +96,9 @@ def test_sampling_matches_target(kw, samples):
 
 def test_options_and_validation():
     ctx = MethodContext(draft=None, draft_path=None, draft_fingerprint=None, eos_id=None, vocab_size=8,
-                        options={"suffix_max_depth": 7, "suffix_max_spec_factor": None,
-                                 "suffix_min_token_prob": 0.25, "suffix_max_tokens": 100})
+                        configs={SuffixConfig: SuffixConfig.from_options(
+                            {"suffix_max_depth": 7, "suffix_max_spec_factor": None,
+                             "suffix_min_token_prob": 0.25, "suffix_max_tokens": 100})})
     cfg = SuffixDecoding.build(ctx).cfg
     assert cfg == SuffixConfig(max_depth=7, max_spec_factor=1.0, min_token_prob=0.25, max_tokens=100)
     for bad, message in (
@@ -107,7 +109,7 @@ def test_options_and_validation():
     ):
         with pytest.raises(BadInput, match=message):
             SuffixDecoding(SuffixConfig(**bad))
-    assert sorted(o.name for o in SuffixDecoding.cli_options) == [
+    assert sorted(o.name for o in method_cli_options(SuffixDecoding)) == [
         "suffix_max_depth", "suffix_max_spec_factor", "suffix_max_tokens", "suffix_min_token_prob"]
 
 
@@ -124,7 +126,7 @@ def test_greedy_with_tenants_and_eos_equals_ar():
 
 def test_cli_options_parse_and_reject_bad_values():
     seen = {}
-    cmd = click.Command("bench", params=list(SuffixDecoding.cli_options), callback=lambda **kw: seen.update(kw))
+    cmd = click.Command("bench", params=method_cli_options(SuffixDecoding), callback=lambda **kw: seen.update(kw))
     runner = CliRunner()
     ok = runner.invoke(cmd, ["--suffix-max-depth", "8", "--suffix-min-token-prob", "0.3"])
     assert ok.exit_code == 0, ok.output

@@ -117,11 +117,38 @@ def test_recipe_hash_is_order_independent():
 def test_replay_greedy_by_hand():
     from drift_cli.zoo.shift import replay_greedy
 
-    # gamma 4: [1 1 0 .] accepts 2 and the target corrects position 2; [1 1 1 1] accepts 4 and
-    # the target adds a bonus token at position 7; one position is left: draft 1, accept 0.
+    # gamma 4, 9 new tokens: [1 1 0 1] accepts 2 and the target corrects position 2; [1 1 1 1]
+    # accepts 4 and the target adds a bonus at position 7; one token is left, which the target
+    # emits itself (the engine's budget: never draft past it). Drafted 8, accepted 6.
     marks = torch.tensor([[1, 1, 0, 1, 1, 1, 1, 0, 0]], dtype=torch.bool)
-    assert replay_greedy(marks, 4) == (6, 9)
+    assert replay_greedy(marks, 4) == (6, 8)
     assert replay_greedy(torch.ones(2, 10, dtype=torch.bool), 4) == (2 * 8, 2 * 8)   # 4+4 drafted, 2 left for bonus
+
+
+@pytest.mark.parametrize("gamma,new", [(4, 30), (3, 17), (1, 9)])
+def test_replay_gives_the_engines_greedy_acceptance(gamma, new):
+    """The replay's α equals run_stream(vanilla)'s on the same stream (no EOS)."""
+    from drift_cli.engine.lm import CausalLM
+    from drift_cli.engine.loop import DecodeConfig, run_stream
+    from drift_cli.methods.vanilla import Vanilla
+    from drift_cli.zoo.shift import greedy_acceptance
+    from tests.models import tiny_pair
+    from tests.recording import unit_stream
+
+    import copy
+
+    _, target = tiny_pair(scale=3.0)
+    draft = copy.deepcopy(target)                 # the target with a noisy head: agrees ~20% of the time
+    with torch.no_grad():
+        w = draft.lm_head.weight
+        w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(0)) * w.std() * 0.5)
+    prompts = [[1, 5, 2, 7], [3, 3, 9, 4], [8, 1, 6, 2]]
+    run = run_stream(CausalLM(target, "target"), Vanilla(draft), unit_stream(prompts, new),
+                     DecodeConfig(gamma=gamma, max_new_tokens=new))
+    accepted, drafted = sum(s.accepted for s in run.steps), sum(s.drafted for s in run.steps)
+    replay = greedy_acceptance(draft, target, torch.tensor(prompts), new, gamma)
+    assert 0 < accepted < drafted
+    assert replay["acceptance_rate"] == accepted / drafted
 
 
 def test_stale_temporaries_of_dead_builds_are_removed(tmp_path):

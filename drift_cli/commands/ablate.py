@@ -10,63 +10,54 @@ run.json; `--json` prints run.json.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
 
 import click
 
-from drift_cli.commands.options import decode_options, model_options
+from drift_cli import knobs
+from drift_cli.commands.options import decode_options, drift_options, model_options
 from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
 from drift_cli.errors import BadInput
+from drift_cli.drift.config import DriftConfig, DriftFiles
 from drift_cli.methods.drift import DriftMethod
 from drift_cli.registry import unknown
 
 
 @dataclass(frozen=True)
 class Axis:
-    option: str                       # DriftConfig field / click parameter name
-    parse: Callable[[str], Any]
+    option: str                       # the DriftConfig field (its knob parses and checks --values)
     values: tuple                     # the default sweep
 
 
-def _bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "on", "yes"):
-        return True
-    if low in ("0", "false", "off", "no"):
-        return False
-    raise ValueError(text)
-
-
 AXES: dict[str, Axis] = {
-    "lambda": Axis("gain", float, (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5)),
-    "eta": Axis("eta", float, (0.02, 0.05, 0.1, 0.2, 0.4)),
-    "tau": Axis("tau", float, (0.8, 0.9, 0.95, 0.98, 0.99, 0.995)),
-    "bank-size": Axis("bank_size", int, (256, 1024, 2048, 4096, 8192)),
-    "support": Axis("support", int, (8, 16, 32, 64, 0)),
-    "neighbors": Axis("neighbors", int, (1, 2, 4, 8)),
-    "sigma": Axis("sigma", float, (0.1, 0.25, 0.5, 1.0)),
-    "adaptive-rate": Axis("adaptive_rate", _bool, (True, False)),
-    "key": Axis("key", str, ("draft", "target-est")),
+    "lambda": Axis("gain", (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5)),
+    "eta": Axis("eta", (0.02, 0.05, 0.1, 0.2, 0.4)),
+    "tau": Axis("tau", (0.8, 0.9, 0.95, 0.98, 0.99, 0.995)),
+    "bank-size": Axis("bank_size", (256, 1024, 2048, 4096, 8192)),
+    "support": Axis("support", (8, 16, 32, 64, 0)),
+    "neighbors": Axis("neighbors", (1, 2, 4, 8)),
+    "sigma": Axis("sigma", (0.1, 0.25, 0.5, 1.0)),
+    "adaptive-rate": Axis("adaptive_rate", (True, False)),
+    "key": Axis("key", ("draft", "target-est")),
 }
 
 
 def sweep_values(axis: str, values: str | None) -> tuple[Axis, list]:
+    """The axis and its values: --values parsed and checked by the axis's knob, as its flag is
+    (BadInput on the first bad value), or the preset sweep."""
     if axis not in AXES:
         raise unknown("ablation axis", axis, AXES)
     ax = AXES[axis]
     if values is None:
         return ax, list(ax.values)
-    out = []
-    for text in values.split(","):
-        try:
-            out.append(ax.parse(text.strip()))
-        except ValueError:
-            raise BadInput(f"--values: {text.strip()!r} is not a valid value for axis {axis}") from None
-    if not out:
+    texts = [t for t in values.split(",") if t.strip()]
+    if not texts:
         raise BadInput("--values is empty")
-    return ax, out
+    try:
+        return ax, [knobs.parse_value(DriftConfig, ax.option, t) for t in texts]
+    except BadInput as e:
+        raise BadInput(f"--values for axis {axis}: {e}") from None
 
 
 def label(axis: str, value) -> str:
@@ -89,7 +80,12 @@ def run_ablation(cfg, axis: str, values: list, progress=None) -> tuple[dict, lis
     stream = bench.load_stream(cfg, models.pair.tokenizer, scenario)
 
     def build_at(value):
-        return lambda ctx: DriftMethod.build(replace(ctx, options={**ctx.options, ax.option: value, "bank_out": None}))
+        def build(ctx):
+            ctx = replace(ctx, configs={**ctx.configs,
+                                        DriftConfig: replace(ctx.config(DriftConfig), **{ax.option: value}),
+                                        DriftFiles: replace(ctx.config(DriftFiles), bank_out=None)})
+            return DriftMethod.build(ctx)
+        return build
 
     entries = bench.method_entries(["ar", "vanilla"])
     entries += [bench.Entry(label(axis, v), build_at(v), optional=True) for v in values]
@@ -182,13 +178,6 @@ def bench_config(scenario, corpus, methods: str, opts: dict):
     return cfg
 
 
-def _drift_options(fn):
-    for opt in reversed(DriftMethod.cli_options):
-        if opt.name != "bank_out":
-            fn.__click_params__ = getattr(fn, "__click_params__", []) + [opt]
-    return fn
-
-
 @click.command()
 @click.option("--sweep", "axis", required=True, help=f"the axis: {', '.join(AXES)}")
 @click.option("--values", default=None, help="comma-separated values (default: the axis's preset sweep)")
@@ -196,7 +185,7 @@ def _drift_options(fn):
 @click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL")
 @model_options
 @decode_options
-@_drift_options
+@drift_options
 def ablate(axis, values, scenario, corpus, as_json, **opts) -> None:
     """Sweep one DRIFT knob on one stream (ar and vanilla run once as references)."""
     from drift_cli.results import check_writable, write_run

@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 import torch
 
-from drift_cli.commands.options import decode_options, model_options
+from drift_cli.commands.options import decode_options, drift_options, model_options
 from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
 from drift_cli.errors import BadInput
 from drift_cli.methods.base import Feedback
@@ -170,13 +170,6 @@ def analyze() -> None:
     """Analyses of the draft's errors."""
 
 
-def _drift_options(fn):
-    for opt in reversed(DriftMethod.cli_options):
-        if opt.name not in ("bank_out",):
-            fn.__click_params__ = getattr(fn, "__click_params__", []) + [opt]
-    return fn
-
-
 @analyze.command()
 @click.option("--scenario", default=None, help="scenario name (default jargon)")
 @click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL")
@@ -184,7 +177,7 @@ def _drift_options(fn):
 @click.option("--with-drift/--no-drift", default=True, show_default=True, help="also run drift for the entropy table")
 @model_options
 @decode_options
-@_drift_options
+@drift_options
 def residuals(scenario, corpus, max_residuals, with_drift, as_json, **opts) -> None:
     """SVD spectrum of draft-target residuals at rejected positions; acceptance by target entropy."""
     from drift_cli.commands.ablate import bench_config

@@ -6,18 +6,62 @@ from pathlib import Path
 
 import click
 
+from drift_cli.knobs import Knob, default_of, knobs, problem
+
+
+def knob_option(k: Knob, default) -> click.Option:
+    """The click option of one knob: default None (= keep the settings' default), the knob's own
+    check at parse time (a bad value is a usage error: one line, exit 2)."""
+    def validate(ctx, param, value):
+        message = problem(k, value)
+        if message:
+            raise click.BadParameter(message.removeprefix(f"{k.flag} "))
+        return value
+
+    shown = "" if default is None else f" [default: {default}]"
+    if k.kind is bool:
+        decls = [f"{k.flag}/{k.off_flag}"] if k.off_flag else [k.flag]
+        return click.Option(decls, is_flag=True, default=None, help=k.help + shown, callback=validate)
+    kind = {float: click.FLOAT, int: click.INT, Path: click.Path(path_type=Path)}.get(k.kind, click.STRING)
+    if k.choices is not None:
+        kind = click.Choice(k.choices)
+    return click.Option([k.flag], type=kind, default=None, help=k.help + shown, callback=validate)
+
+
+def settings_options(classes, skip: tuple[str, ...] = ()) -> list[click.Option]:
+    """The click options of these settings classes' knobs, in order, each option name once."""
+    out, seen = [], set(skip)
+    for cls in classes:
+        for f, k in knobs(cls):
+            if k.cli and k.name not in seen:
+                seen.add(k.name)
+                out.append(knob_option(k, default_of(f)))
+    return out
+
+
+def method_cli_options(method) -> list[click.Option]:
+    """One method's click options (from its settings classes)."""
+    return settings_options(method.configs)
+
+
+def add_options(fn, opts: list[click.Option]):
+    for opt in reversed(opts):
+        fn.__click_params__ = getattr(fn, "__click_params__", []) + [opt]
+    return fn
+
 
 def method_options(fn):
-    """Every registered method's own click options (each declared once, next to its method)."""
-    from drift_cli.methods import METHODS
+    """Every registered method's settings as click options (each declared once, on its dataclass)."""
+    from drift_cli.methods import settings_classes
 
-    seen: set[str] = set()
-    for name in reversed(METHODS.names()):
-        for opt in METHODS[name].cli_options:
-            if opt.name not in seen:
-                seen.add(opt.name)
-                fn.__click_params__ = getattr(fn, "__click_params__", []) + [opt]
-    return fn
+    return add_options(fn, settings_options(settings_classes()))
+
+
+def drift_options(fn):
+    """DRIFT's settings as click options, without --bank-out (ablate, analyze)."""
+    from drift_cli.drift.config import DriftConfig, DriftFiles
+
+    return add_options(fn, settings_options([DriftConfig, DriftFiles], skip=("bank_out",)))
 
 
 def model_options(fn):
@@ -36,7 +80,7 @@ def model_options(fn):
 
 def decode_options(fn):
     opts = [
-        click.option("--split", default="test", show_default=True, help="dev or test"),
+        click.option("--split", default="test", show_default=True, help="train, dev or test"),
         click.option("--max-prompts", type=int, default=None, help="use the first N prompts of the stream"),
         click.option("--max-new-tokens", type=int, default=None, help="override the scenario's generation length"),
         click.option("--gamma", type=int, default=4, show_default=True, help="draft block size"),

@@ -9,48 +9,54 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
+from drift_cli import knobs
 from drift_cli.errors import require
+from drift_cli.knobs import Settings, at_least, between, knob
 
 KEYS = ("draft", "target-est")
+# The books' capacity limit (`drift_bank_core::MAX_CAPACITY`, 2^26 slots).
+MAX_BANK_SIZE = 1 << 26
 
 
 @dataclass(frozen=True)
-class DriftConfig:
-    gain: float = 1.0            # λ: scale of the bias added to the draft logits
-    eta: float = 0.1             # η: EMA rate (the floor of the adaptive rate)
-    tau: float = 0.99            # τ: cosine similarity needed to update a prototype (else allocate)
-    neighbors: int = 1           # k: prototypes retrieved per draft position
-    sigma: float = 0.25          # σ: width of the Gaussian kernel over cosine distance
-    bank_size: int = 1024        # N: prototypes per tenant bank
-    support: int = 32            # m: tokens per prototype; 0 = the full vocabulary
-    adaptive_rate: bool = True   # η_i = max(η, 1/(n_i + 1))
-    key: str = "draft"           # what the prototypes are keyed on: the draft's hidden state, or the
-    #                              target's estimated from it by a ridge map (drift_cli/drift/keymap.py)
+class DriftConfig(Settings):
+    # λ: scale of the bias added to the draft logits
+    gain: float = knob(1.0, "--gain", "DRIFT: bias gain λ", ok=at_least(0.0), rule="must be >= 0 and finite")
+    # η: EMA rate (the floor of the adaptive rate)
+    eta: float = knob(0.1, "--eta", "DRIFT: EMA rate η (floor of the adaptive rate)",
+                      ok=lambda x: 0.0 < x <= 1.0, rule="must be in (0, 1]")
+    # τ: cosine similarity needed to update a prototype (else allocate)
+    tau: float = knob(0.99, "--tau", "DRIFT: similarity threshold τ to update instead of allocate",
+                      ok=between(-1.0, 1.0), rule="is a cosine similarity in [-1, 1]")
+    # k: prototypes retrieved per draft position
+    neighbors: int = knob(1, "--neighbors", "DRIFT: prototypes retrieved per position (k)",
+                          ok=at_least(1), rule="must be >= 1")
+    # σ: width of the Gaussian kernel over cosine distance
+    sigma: float = knob(0.25, "--sigma", "DRIFT: Gaussian kernel width σ over cosine distance",
+                        ok=lambda x: 0.0 < x < float("inf"), rule="must be > 0 and finite")
+    # N: prototypes per tenant bank
+    bank_size: int = knob(1024, "--bank-size", "DRIFT: prototypes per tenant bank (N)",
+                          ok=between(1, MAX_BANK_SIZE), rule=f"must be in [1, {MAX_BANK_SIZE}]")
+    # m: tokens per prototype; 0 = the full vocabulary
+    support: int = knob(32, "--support", "DRIFT: support tokens per prototype (m; 0 = full vocabulary)",
+                        ok=at_least(0), rule="must be >= 0 (0 = full vocabulary)")
+    # η_i = max(η, 1/(n_i + 1))
+    adaptive_rate: bool = knob(True, "--adaptive-rate", "DRIFT: per-prototype rate max(η, 1/(n+1))",
+                               off_flag="--no-adaptive-rate")
+    # what the prototypes are keyed on: the draft's hidden state, or the target's estimated from
+    # it by a ridge map (drift_cli/drift/keymap.py)
+    key: str = knob("draft", "--key", "DRIFT: key on the draft hidden state or an estimated target one",
+                    choices=KEYS)
 
     def validate(self, vocab_size: int | None = None) -> "DriftConfig":
-        checks = [
-            (self.gain >= 0.0, f"--gain must be >= 0, got {self.gain}"),
-            (0.0 < self.eta <= 1.0, f"--eta must be in (0, 1], got {self.eta}"),
-            (-1.0 <= self.tau <= 1.0, f"--tau is a cosine similarity in [-1, 1], got {self.tau}"),
-            (self.neighbors >= 1, f"--neighbors must be >= 1, got {self.neighbors}"),
-            (self.sigma > 0.0, f"--sigma must be > 0, got {self.sigma}"),
-            (self.bank_size >= 1, f"--bank-size must be >= 1, got {self.bank_size}"),
-            (self.support >= 0, f"--support must be >= 0 (0 = full vocabulary), got {self.support}"),
-            (self.key in KEYS, f"--key must be one of {', '.join(KEYS)}, got {self.key!r}"),
-        ]
+        knobs.check(self)
         if vocab_size is not None:
-            checks.append((self.support <= vocab_size,
-                           f"--support {self.support} exceeds the vocabulary size {vocab_size}"))
-        require(checks)
+            require([(self.support <= vocab_size,
+                      f"--support {self.support} exceeds the vocabulary size {vocab_size}")])
         return self
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> "DriftConfig":
-        """Click option values (None = default) -> config. Option names are the field names."""
-        given = {f.name: options[f.name] for f in fields(cls) if options.get(f.name) is not None}
-        return cls(**given)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -59,3 +65,11 @@ class DriftConfig:
     def from_json(cls, text: str) -> "DriftConfig":
         data = json.loads(text)
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
+class DriftFiles(Settings):
+    """DRIFT's snapshot files (not part of the bank's configuration)."""
+
+    bank_in: Path | None = knob(None, "--bank-in", "DRIFT: warm-start from a bank snapshot", kind=Path)
+    bank_out: Path | None = knob(None, "--bank-out", "DRIFT: save the bank(s) after the stream", kind=Path)

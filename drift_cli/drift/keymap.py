@@ -111,34 +111,30 @@ class RidgeKeyMap:
 class DraftShadow:
     """Per prototype slot, the draft-space state its key stands for: S [N, d_in] fp32.
 
-    Allocation sets S_i = h; an update S_i <- (1 - η_i) S_i + η_i h with the bank's rate
-    η_i = max(η, 1/(n_i + 1)) (or η), n_i the count before the update. No renormalisation, so
-    W·[S_i, 1] equals the EMA of the mapped states.
+    Allocation sets S_i = h; an update S_i <- (1 - η_i) S_i + η_i h with the rate η_i the bank's
+    update used (`Observed.rates`). No renormalisation, so W·[S_i, 1] equals the EMA of the
+    mapped states.
     """
 
     @torch.inference_mode()
     def __init__(self, slots: int, d_in: int, device: torch.device | str = "cpu") -> None:
         self.states = torch.zeros(slots, d_in, dtype=torch.float32, device=device)
-        # on the CPU the per-position steps run on a numpy view (a few µs instead of ~30 per step)
+        # on the CPU the per-position steps run on a numpy view (cheaper than tensor indexing per step)
         self._host = self.states.numpy() if self.states.device.type == "cpu" else None
 
     @torch.inference_mode()
-    def update(self, pos: list[int], slots: list[int], counts: list[int], h: torch.Tensor, eta: float,
-               adaptive: bool) -> None:
-        """Matched positions in order; counts: each slot's n_i before this iteration (one entry per pos)."""
+    def update(self, matched: list[tuple[int, int]], rates: list[float], h: torch.Tensor) -> None:
+        """The bank's matched (position, slot) pairs in order, at the EMA rates its update used."""
         states, hs = (self._host, h.float().numpy()) if self._host is not None else (self.states, h.float())
-        seen: dict[int, int] = {}
-        for p, slot, n0 in zip(pos, slots, counts, strict=True):
-            n = n0 + seen.get(slot, 0)
-            rate = max(eta, 1.0 / (n + 1.0)) if adaptive else eta
+        for (p, slot), rate in zip(matched, rates, strict=True):
             states[slot] = (1.0 - rate) * states[slot] + rate * hs[p]
-            seen[slot] = seen.get(slot, 0) + 1
 
     @torch.inference_mode()
-    def allocate(self, pos: list[int], slots: list[int], h: torch.Tensor) -> None:
-        """New prototypes in order (a slot handed out twice keeps the last position, as the bank does)."""
+    def allocate(self, allocations: list[tuple[int, int]], h: torch.Tensor) -> None:
+        """The bank's (position, slot) allocations in order (a slot handed out twice keeps the last
+        position, as the bank does)."""
         states, hs = (self._host, h.float().numpy()) if self._host is not None else (self.states, h.float())
-        for p, slot in zip(pos, slots, strict=True):
+        for p, slot in allocations:
             states[slot] = hs[p]
 
     @torch.inference_mode()

@@ -77,10 +77,8 @@ def load_bank(path: Path, cfg: DriftConfig, dim: int, vocab: int, device, key_dt
         bank.support.copy_(torch.from_numpy(np.ascontiguousarray(support)).long())
         bank.bias.copy_(torch.from_numpy(np.ascontiguousarray(bias)).float())
         bank.counts.copy_(torch.from_numpy(np.ascontiguousarray(counts)).long())
-        valid = books.valid_slots()
+        valid = books.valid_slots()          # the books also own the extent (hi, n_valid)
         bank.valid[torch.tensor(valid, dtype=torch.long, device=bank.valid.device)] = True
-        bank._valid_np[valid] = True
-        bank.set_extent(max(valid) + 1 if valid else 0, len(valid))
     return bank
 
 

@@ -72,6 +72,12 @@ class Generation:
         return sum(s.total_ms for s in self.steps)
 
 
+
+def draft_budget(gamma: int, max_new_tokens: int, produced: int) -> int:
+    """Tokens to draft in the next iteration: at most γ, and never past the generation budget
+    (the iteration also emits the target's correction or bonus token). 0 or less: draft nothing."""
+    return min(gamma, max_new_tokens - produced - 1)
+
 def _cut_at_eos(proposal: Proposal, eos_id: int | None) -> Proposal:
     """Drafting past an EOS is pointless: keep the proposal up to and including the first EOS."""
     if eos_id is None or proposal.k == 0:
@@ -132,7 +138,7 @@ def generate(
     produced, hit_eos = 0, False
     while produced < cfg.max_new_tokens and not hit_eos:
         t_start = time.perf_counter()
-        room = min(cfg.gamma, cfg.max_new_tokens - produced - 1)  # never draft past the budget
+        room = draft_budget(cfg.gamma, cfg.max_new_tokens, produced)
         with clock.span("draft"):
             proposal = policy.propose(context, room, sampler) if room > 0 else DraftPolicy.propose(policy, context, 0, sampler)
             proposal = _cut_at_eos(proposal, cfg.eos_id)

@@ -1,6 +1,19 @@
-"""The method registry: `--methods all` means every method registered here, in this order."""
+"""The method registry: `--methods all` means every method registered here, in this order.
+
+The built-in methods come first, in the order below; then every method a installed package
+declares as an entry point of the group `drift_bench.methods` (as lm-evaluation-harness finds
+model backends), name = the method's name, value = its `DraftPolicy` subclass:
+
+    [project.entry-points."drift_bench.methods"]
+    echo = "my_package.echo:Echo"
+
+A plugin method's `configs` become flags of `drift bench` like the built-in ones'.
+"""
 
 from __future__ import annotations
+
+import warnings
+from importlib.metadata import entry_points
 
 from drift_cli.methods.ar import Autoregressive
 from drift_cli.methods.base import DraftPolicy
@@ -13,8 +26,31 @@ from drift_cli.methods.vanilla import Vanilla
 from drift_cli.registry import Registry
 
 METHODS: Registry[type[DraftPolicy]] = Registry("method")
+ENTRY_POINT_GROUP = "drift_bench.methods"
 for _cls in (Autoregressive, Vanilla, DriftMethod, Offline, OnlineDistillation, PromptLookup, SuffixDecoding):
     METHODS.register(_cls.name)(_cls)
+
+
+def load_plugins(registry: Registry[type[DraftPolicy]] = METHODS) -> list[str]:
+    """Registers the methods of the `drift_bench.methods` entry points; returns their names. One
+    that fails to load, or is not a `DraftPolicy` named as its entry point, is skipped with a warning."""
+    added = []
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if ep.name in registry:
+            continue
+        try:
+            cls = ep.load()
+            if not (isinstance(cls, type) and issubclass(cls, DraftPolicy) and cls.name == ep.name):
+                raise TypeError(f"{ep.value} is not a DraftPolicy subclass named {ep.name!r}")
+        except Exception as e:  # noqa: BLE001 - a broken plugin must not break the built-in methods
+            warnings.warn(f"method plugin {ep.name!r} ({ep.value}) not loaded: {e}", stacklevel=2)
+            continue
+        registry.register(ep.name)(cls)
+        added.append(ep.name)
+    return added
+
+
+load_plugins()
 
 
 def resolve_methods(spec: str) -> list[str]:
@@ -25,3 +61,11 @@ def resolve_methods(spec: str) -> list[str]:
     for n in names:
         METHODS[n]
     return names
+
+
+def settings_classes(names: list[str] | None = None) -> list[type]:
+    """The settings dataclasses of these registered methods (default: all), each once, in order."""
+    out: list[type] = []
+    for name in METHODS.names() if names is None else names:
+        out += [c for c in METHODS[name].configs if c not in out]
+    return out

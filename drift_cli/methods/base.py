@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, TypeVar
 
-import click
 import torch
 
 from drift_cli.engine.lm import CausalLM
@@ -59,6 +58,9 @@ class Feedback:
     target_hidden: torch.Tensor | None = None  # [B, k+1, d_target] the target's lm_head inputs
 
 
+S = TypeVar("S")
+
+
 @dataclass
 class MethodContext:
     """Everything a method may need to build itself."""
@@ -68,12 +70,22 @@ class MethodContext:
     draft_fingerprint: str | None
     eos_id: int | None
     vocab_size: int
-    options: dict[str, Any] = field(default_factory=dict)   # values of every method's CLI options
+    # the methods' settings (`DraftPolicy.configs` classes) by class; a class absent here means its defaults
+    configs: dict[type, Any] = field(default_factory=dict)
     scenario: str = ""
     seed: int = 0
     # Returns the path of a cached offline draft for (scenario, divergence); set by the bench.
     resolve_offline: Callable[[str], Path] | None = None
     load_draft: Callable[[Path], torch.nn.Module] | None = None
+
+    def config(self, cls: type[S]) -> S:
+        """The settings instance of this class (its defaults when none was given), validated."""
+        return self.configs.get(cls) or cls()
+
+    @classmethod
+    def settings_from_options(cls, options: dict[str, Any], classes: list[type]) -> dict[type, Any]:
+        """Parsed CLI option values -> {settings class: instance}, each validated (BadInput)."""
+        return {c: c.from_options(options).validate() for c in classes}
 
 
 class DraftPolicy:
@@ -82,8 +94,9 @@ class DraftPolicy:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     uses_draft_model: ClassVar[bool] = False
-    # Extra click options for `drift bench` / `drift ablate`, declared next to the method.
-    cli_options: ClassVar[list[click.Option]] = []
+    # The method's settings dataclasses (fields made with `drift_cli.knobs.knob`): `drift bench`,
+    # `ablate` and `analyze` generate their flags from these (`drift_cli.commands.options`).
+    configs: ClassVar[tuple[type, ...]] = ()
 
     clock: IterationClock = NullClock()
 

@@ -18,12 +18,11 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-import click
 import numpy as np
 import torch
 
 from drift_cli.drift.bank import DriftBank
-from drift_cli.drift.config import KEYS, DriftConfig
+from drift_cli.drift.config import DriftConfig, DriftFiles
 from drift_cli.drift.keymap import DraftShadow, KeyMapSpec, RidgeKeyMap
 from drift_cli.drift.snapshot import load_bank, save_bank
 from drift_cli.engine.sampling import Sampler
@@ -43,19 +42,7 @@ def _no_neighbours(rows: int, k: int, device) -> Neighbours:
 class DriftMethod(ModelDraftPolicy):
     name = "drift"
     description = "the static draft plus the DRIFT bank: gradient-free recalibration from verification feedback"
-    cli_options = [
-        click.Option(["--gain"], type=float, default=None, help="DRIFT: bias gain λ"),
-        click.Option(["--eta"], type=float, default=None, help="DRIFT: EMA rate η (floor of the adaptive rate)"),
-        click.Option(["--tau"], type=float, default=None, help="DRIFT: similarity threshold τ to update instead of allocate"),
-        click.Option(["--neighbors"], type=int, default=None, help="DRIFT: prototypes retrieved per position (k)"),
-        click.Option(["--sigma"], type=float, default=None, help="DRIFT: Gaussian kernel width σ over cosine distance"),
-        click.Option(["--bank-size"], type=int, default=None, help="DRIFT: prototypes per tenant bank (N)"),
-        click.Option(["--support"], type=int, default=None, help="DRIFT: support tokens per prototype (m; 0 = full vocabulary)"),
-        click.Option(["--adaptive-rate/--no-adaptive-rate"], default=None, help="DRIFT: per-prototype rate max(η, 1/(n+1))"),
-        click.Option(["--key"], type=click.Choice(KEYS), default=None, help="DRIFT: key on the draft hidden state or an estimated target one"),
-        click.Option(["--bank-in"], type=click.Path(path_type=Path), default=None, help="DRIFT: warm-start from a bank snapshot"),
-        click.Option(["--bank-out"], type=click.Path(path_type=Path), default=None, help="DRIFT: save the bank(s) after the stream"),
-    ]
+    configs = (DriftConfig, DriftFiles)
 
     def __init__(self, draft: torch.nn.Module, cfg: DriftConfig = DriftConfig(), *, fingerprint: str | None = None,
                  bank_in: Path | None = None, bank_out: Path | None = None,
@@ -69,7 +56,7 @@ class DriftMethod(ModelDraftPolicy):
                            "would need the ridge map and the draft-space shadow keys); use --key draft")
         self.fingerprint, self.bank_in, self.bank_out = fingerprint, bank_in, bank_out
         self.books_factory, self.backend = books_factory, backend
-        head = self.lm.head.linear.weight                            # [V, d]
+        head = self.lm.head.linear.weight                            # [V, d] (the output head's own layer)
         self.dim, self.device, self.key_dtype = head.shape[1], head.device, head.dtype
         self.banks: dict[str, DriftBank] = {}
         self.bank: DriftBank | None = None
@@ -88,9 +75,9 @@ class DriftMethod(ModelDraftPolicy):
     def build(cls, ctx: MethodContext) -> "DriftMethod":
         if ctx.draft is None:
             raise BadInput("method drift needs a draft model")
-        cfg = DriftConfig.from_options(ctx.options).validate(ctx.vocab_size)
-        return cls(ctx.draft, cfg, fingerprint=ctx.draft_fingerprint,
-                   bank_in=ctx.options.get("bank_in"), bank_out=ctx.options.get("bank_out"))
+        files = ctx.config(DriftFiles)
+        return cls(ctx.draft, ctx.config(DriftConfig).validate(ctx.vocab_size), fingerprint=ctx.draft_fingerprint,
+                   bank_in=files.bank_in, bank_out=files.bank_out)
 
     # -- banks ---------------------------------------------------------------------------------
 
@@ -146,7 +133,7 @@ class DriftMethod(ModelDraftPolicy):
         bank = self.bank
         if bank is not None and bank.native and not self.target_keyed:
             # the Rust path reads the tensors in place: no tensor operation, so no inference-mode
-            # guard either (entering one costs ~2 µs warm, several times that in this loop)
+            # guard either (entering one costs microseconds in this loop)
             bank.observe_drafted(prop.hidden, feedback.target_logits, prop.base_logits, prop.k,
                                  1.0 if feedback.sampler.greedy else feedback.sampler.temperature)
             return
@@ -176,18 +163,12 @@ class DriftMethod(ModelDraftPolicy):
 
     def _observe_target_keyed(self, hidden: torch.Tensor, nb: Neighbours, logp: torch.Tensor,
                               logq: torch.Tensor) -> None:
-        """The bank update on mapped states, mirrored on the draft-space shadow: the same matched
-        positions (nearest within τ) and rates, then the slots the books hand out for the rest."""
-        bank, shadow = self.bank, self.shadows[self.tenant]
-        idx, sim = nb.idx[:, 0].tolist(), nb.sim[:, 0].tolist()
-        matched = [p for p in range(len(idx)) if idx[p] >= 0 and sim[p] >= self.cfg.tau]
-        slots = [idx[p] for p in matched]
-        if matched:
-            counts = (bank.counts.numpy()[slots] if bank.counts.device.type == "cpu"     # n_i before
-                      else bank.counts[torch.tensor(slots, device=bank.counts.device)]).tolist()
-            shadow.update(matched, slots, counts, hidden, self.cfg.eta, self.cfg.adaptive_rate)
-        bank.observe(self._key(hidden), nb, logp, logq)
-        shadow.allocate(*bank.last_allocation, hidden)
+        """The bank update on mapped states, mirrored on the draft-space shadow: the positions the
+        update matched, at the rates it used, then the slots the books handed out for the rest."""
+        done = self.bank.observe(self._key(hidden), nb, logp, logq)
+        shadow = self.shadows[self.tenant]
+        shadow.update(done.matched, done.rates, hidden)
+        shadow.allocate(done.allocations, hidden)
 
     def _learn_key_map(self, feedback: Feedback) -> None:
         """Add this iteration's (draft, target) pairs; at a (re)fit create or re-key the tenant's bank.
@@ -221,7 +202,7 @@ class DriftMethod(ModelDraftPolicy):
             return recorded
         kn, dev = self.cfg.neighbors, self.device
         steps = [nb if nb is not None else _no_neighbours(b, kn, dev) for nb in self._pending[:k]]
-        if dev.type == "cpu":            # numpy stacking: a few µs instead of three torch calls
+        if dev.type == "cpu":            # numpy stacking: cheaper than three torch calls
             stack = lambda name: torch.from_numpy(  # noqa: E731
                 np.stack([getattr(nb, name).numpy() for nb in steps], 1).reshape(b * k, kn))
         else:

@@ -3,32 +3,34 @@ target (the strong reference; built and cached by the zoo, or given with --offli
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-import click
-
-from drift_cli.divergence import DIVERGENCES
+from drift_cli.divergence import divergence_knob
 from drift_cli.errors import BadInput
+from drift_cli.knobs import Settings, knob
 from drift_cli.methods.base import MethodContext, ModelDraftPolicy
+
+
+@dataclass(frozen=True)
+class OfflineConfig(Settings):
+    draft: str | None = knob(None, "--offline-draft", "offline draft checkpoint (default: the zoo's, built on demand)")
+    divergence: str = divergence_knob()
 
 
 class Offline(ModelDraftPolicy):
     name = "offline"
     description = "the draft distilled offline on the scenario's train split"
-    cli_options = [
-        click.Option(["--offline-draft"], type=str, default=None,
-                     help="offline draft checkpoint (default: the zoo's, built on demand)"),
-        click.Option(["--divergence"], type=click.Choice(DIVERGENCES), default="fkl", show_default=True,
-                     help="distillation divergence of the offline draft (and of osd)"),
-    ]
+    configs = (OfflineConfig,)
 
     @classmethod
     def build(cls, ctx: MethodContext) -> "Offline":
-        path = ctx.options.get("offline_draft")
+        cfg = ctx.config(OfflineConfig)
+        path = cfg.draft
         if path is None:
             if ctx.resolve_offline is None:
                 raise BadInput("the offline method needs --offline-draft PATH")
-            path = ctx.resolve_offline(ctx.options.get("divergence") or "fkl")
+            path = ctx.resolve_offline(cfg.divergence)
         if ctx.load_draft is None:
             raise BadInput("the offline method cannot load a draft in this context")
         return cls(ctx.load_draft(Path(path)))

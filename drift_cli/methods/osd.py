@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import click
 import torch
 
 from drift_cli.errors import BadInput
@@ -30,20 +29,7 @@ _D = OSDConfig()
 class OnlineDistillation(ModelDraftPolicy):
     name = "osd"
     description = "online speculative decoding: AdamW distillation of the draft from a replay buffer of verification feedback"
-    # --divergence is declared by `offline` and shared (FKL default, as OSD's online path).
-    cli_options = [
-        click.Option(["--osd-interval"], type=float, default=None,
-                     help=f"OSD: update after every U verification steps; inf = never [default {int(_D.interval)}]"),
-        click.Option(["--osd-steps"], type=int, default=None, help=f"OSD: AdamW steps per update [default {_D.steps}]"),
-        click.Option(["--osd-batch"], type=int, default=None, help=f"OSD: buffered positions per AdamW step [default {_D.batch}]"),
-        click.Option(["--osd-lr"], type=float, default=None, help=f"OSD: AdamW learning rate [default {_D.lr:g}]"),
-        click.Option(["--osd-clip"], type=float, default=None, help=f"OSD: max gradient norm, 0 = off [default {_D.clip:g}]"),
-        click.Option(["--osd-buffer"], type=int, default=None, help=f"OSD: replay buffer capacity in positions [default {_D.buffer}]"),
-        click.Option(["--osd-topk"], type=int, default=None,
-                     help=f"OSD: target probabilities kept per position, 0 = full distribution [default {_D.topk}]"),
-        click.Option(["--osd-all-positions"], is_flag=True, default=None,
-                     help="OSD: buffer every drafted position, not only the rejected one"),
-    ]
+    configs = (OSDConfig,)
 
     def __init__(self, draft: torch.nn.Module, cfg: OSDConfig = OSDConfig(), seed: int = 0) -> None:
         self.shared = draft                                   # read only: the reset point of every stream
@@ -58,7 +44,7 @@ class OnlineDistillation(ModelDraftPolicy):
     def build(cls, ctx: MethodContext) -> "OnlineDistillation":
         if ctx.draft is None:
             raise BadInput("method osd needs a draft model")
-        return cls(ctx.draft, OSDConfig.from_options(ctx.options), seed=ctx.seed)
+        return cls(ctx.draft, ctx.config(OSDConfig), seed=ctx.seed)
 
     def _fresh_state(self) -> None:
         self.buffer = ReplayBuffer(self.cfg.buffer)

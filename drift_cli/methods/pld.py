@@ -13,27 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import click
 import torch
 
 from drift_cli.engine.sampling import Sampler
-from drift_cli.errors import BadInput
+from drift_cli.knobs import Settings, at_least, knob
 from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal
 
 
 @dataclass(frozen=True)
-class PldConfig:
-    max_ngram: int = 3            # longest n-gram matched; shorter ones down to 1 are tried after it
-
-    def validate(self) -> "PldConfig":
-        if self.max_ngram < 1:
-            raise BadInput(f"--pld-max-ngram must be >= 1, got {self.max_ngram}")
-        return self
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> "PldConfig":
-        value = options.get("pld_max_ngram")
-        return cls() if value is None else cls(max_ngram=value)
+class PldConfig(Settings):
+    # longest n-gram matched; shorter ones down to 1 are tried after it
+    max_ngram: int = knob(3, "--pld-max-ngram", "pld: longest n-gram matched against the context (then shorter, down to 1)",
+                          ok=at_least(1), rule="must be >= 1")
 
 
 class NgramIndex:
@@ -67,10 +58,7 @@ class NgramIndex:
 class PromptLookup(DraftPolicy):
     name = "pld"
     description = "prompt-lookup drafting: copy what followed the last n-gram's previous occurrence (no draft model)"
-    cli_options = [
-        click.Option(["--pld-max-ngram"], type=click.IntRange(min=1), default=None,
-                     help="pld: longest n-gram matched against the context (then shorter, down to 1) [default: 3]"),
-    ]
+    configs = (PldConfig,)
 
     def __init__(self, cfg: PldConfig = PldConfig()) -> None:
         self.cfg = cfg.validate()
@@ -79,7 +67,7 @@ class PromptLookup(DraftPolicy):
 
     @classmethod
     def build(cls, ctx: MethodContext) -> "PromptLookup":
-        return cls(PldConfig.from_options(ctx.options))
+        return cls(ctx.config(PldConfig))
 
     def begin_stream(self) -> None:
         self.peak_entries = 0

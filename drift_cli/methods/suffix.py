@@ -16,11 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-import click
 import torch
 
 from drift_cli.engine.sampling import Sampler
-from drift_cli.errors import require
+from drift_cli.knobs import Settings, at_least, between, knob
 from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal
 from drift_cli.suffix_tree import Draft, SuffixCache, SuffixTrie
 
@@ -29,42 +28,26 @@ PROMPT_DOC = 0
 
 
 @dataclass(frozen=True)
-class SuffixConfig:
-    max_depth: int = 24            # longest suffix kept in the tries (vLLM's default tree depth)
-    max_spec_factor: float = 1.0   # draft length <= match length x this factor (and <= γ)
-    min_token_prob: float = 0.1    # stop the draft when its path probability drops below this
-    max_tokens: int = 65536        # output tokens held by the stream tries, all tenants together
-
-    def validate(self) -> "SuffixConfig":
-        checks = [
-            (self.max_depth >= 1, f"--suffix-max-depth must be >= 1, got {self.max_depth}"),
-            (self.max_spec_factor > 0, f"--suffix-max-spec-factor must be > 0, got {self.max_spec_factor}"),
-            (0.0 <= self.min_token_prob <= 1.0, f"--suffix-min-token-prob must be in [0, 1], got {self.min_token_prob}"),
-            (self.max_tokens >= 1, f"--suffix-max-tokens must be >= 1, got {self.max_tokens}"),
-        ]
-        require(checks)
-        return self
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> "SuffixConfig":
-        """Option `suffix_<field>` -> field; None = default."""
-        given = {f.name: options[f"suffix_{f.name}"] for f in fields(cls) if options.get(f"suffix_{f.name}") is not None}
-        return cls(**given)
+class SuffixConfig(Settings):
+    # longest suffix kept in the tries (vLLM's default tree depth)
+    max_depth: int = knob(24, "--suffix-max-depth", "suffix: longest suffix kept and matched",
+                          ok=at_least(1), rule="must be >= 1")
+    # draft length <= match length x this factor (and <= γ)
+    max_spec_factor: float = knob(1.0, "--suffix-max-spec-factor", "suffix: draft at most match length x this many tokens",
+                                  ok=lambda x: 0 < x < float("inf"), rule="must be > 0")
+    # stop the draft when its path probability drops below this
+    min_token_prob: float = knob(0.1, "--suffix-min-token-prob", "suffix: stop drafting below this path probability",
+                                 ok=between(0.0, 1.0), rule="must be in [0, 1]")
+    # output tokens held by the stream tries, all tenants together
+    max_tokens: int = knob(65536, "--suffix-max-tokens",
+                           "suffix: output tokens kept from earlier prompts, oldest evicted first",
+                           ok=at_least(1), rule="must be >= 1")
 
 
 class SuffixDecoding(DraftPolicy):
     name = "suffix"
     description = "suffix-tree drafting over the stream's earlier outputs and the current context (no draft model)"
-    cli_options = [
-        click.Option(["--suffix-max-depth"], type=click.IntRange(min=1), default=None,
-                     help="suffix: longest suffix kept and matched [default: 24]"),
-        click.Option(["--suffix-max-spec-factor"], type=click.FloatRange(min=0, min_open=True), default=None,
-                     help="suffix: draft at most match length x this many tokens [default: 1.0]"),
-        click.Option(["--suffix-min-token-prob"], type=click.FloatRange(0, 1), default=None,
-                     help="suffix: stop drafting below this path probability [default: 0.1]"),
-        click.Option(["--suffix-max-tokens"], type=click.IntRange(min=1), default=None,
-                     help="suffix: output tokens kept from earlier prompts, oldest evicted first [default: 65536]"),
-    ]
+    configs = (SuffixConfig,)
 
     def __init__(self, cfg: SuffixConfig = SuffixConfig()) -> None:
         self.cfg = cfg.validate()
@@ -72,7 +55,7 @@ class SuffixDecoding(DraftPolicy):
 
     @classmethod
     def build(cls, ctx: MethodContext) -> "SuffixDecoding":
-        return cls(SuffixConfig.from_options(ctx.options))
+        return cls(ctx.config(SuffixConfig))
 
     def begin_stream(self) -> None:
         self.cache = SuffixCache(self.cfg.max_depth, self.cfg.max_tokens)

@@ -3,67 +3,44 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from drift_cli.divergence import DIVERGENCES
-from drift_cli.errors import BadInput
+from drift_cli.divergence import divergence_knob
+from drift_cli.knobs import Settings, at_least, knob
 
-# CLI option name (without the leading "--", dashes as underscores) -> config field.
-OPTION_FIELDS = {
-    "osd_interval": "interval",
-    "osd_steps": "steps",
-    "osd_batch": "batch",
-    "osd_lr": "lr",
-    "osd_clip": "clip",
-    "osd_buffer": "buffer",
-    "osd_topk": "topk",
-    "osd_all_positions": "all_positions",
-    "divergence": "divergence",
-}
+
+
+def _whole_or_inf(x: float) -> bool:
+    return x >= 1 and (math.isinf(x) or float(x).is_integer())
 
 
 @dataclass(frozen=True)
-class OSDConfig:
+class OSDConfig(Settings):
     # Defaults tuned on the `small` zoo's dev streams of jargon and code (docs/osd.md, "Tuning").
-    interval: float = 4.0        # U: an update after every U verification steps; inf = never (frozen draft)
-    steps: int = 4               # AdamW steps per update
-    batch: int = 16              # buffered positions per AdamW step (fewer while the buffer is smaller)
-    lr: float = 1e-3             # AdamW learning rate (constant)
-    clip: float = 1.0            # max global gradient norm; 0 = no clipping
-    buffer: int = 512            # replay buffer capacity in positions (FIFO)
-    topk: int = 64               # target support stored per position; 0 (or >= V) = the full distribution
-    all_positions: bool = False  # buffer every drafted position, not only the rejected one
-    divergence: str = "fkl"      # loss between the target's and the draft's distributions
+    # U: an update after every U verification steps; inf = never (frozen draft)
+    interval: float = knob(4.0, "--osd-interval", "OSD: update after every U verification steps; inf = never",
+                           ok=_whole_or_inf, rule="must be a whole number >= 1 or inf")
+    steps: int = knob(4, "--osd-steps", "OSD: AdamW steps per update", ok=at_least(1), rule="must be >= 1")
+    # buffered positions per AdamW step (fewer while the buffer is smaller)
+    batch: int = knob(16, "--osd-batch", "OSD: buffered positions per AdamW step", ok=at_least(1), rule="must be >= 1")
+    lr: float = knob(1e-3, "--osd-lr", "OSD: AdamW learning rate", ok=lambda x: 0 < x < math.inf,
+                     rule="must be > 0 and finite")                 # constant
+    clip: float = knob(1.0, "--osd-clip", "OSD: max gradient norm, 0 = off", ok=at_least(0.0),
+                       rule="must be >= 0 (0 = off)")
+    buffer: int = knob(512, "--osd-buffer", "OSD: replay buffer capacity in positions", ok=at_least(1),
+                       rule="must be >= 1")                         # FIFO
+    # target support stored per position; 0 (or >= V) = the full distribution
+    topk: int = knob(64, "--osd-topk", "OSD: target probabilities kept per position, 0 = full distribution",
+                     ok=at_least(0), rule="must be >= 0 (0 = full distribution)")
+    all_positions: bool = knob(False, "--osd-all-positions",
+                               "OSD: buffer every drafted position, not only the rejected one")
+    divergence: str = divergence_knob()   # loss between the target's and the draft's distributions
     weight_decay: float = 0.0    # AdamW decoupled weight decay (OSD's online path: HF Trainer default 0)
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> "OSDConfig":
-        """Options as the CLI passes them (None = not given, keep the default)."""
-        given = {f: options[o] for o, f in OPTION_FIELDS.items() if options.get(o) is not None}
-        return cls(**given)
 
     @property
     def frozen(self) -> bool:
         return math.isinf(self.interval)
-
-    def validate(self) -> "OSDConfig":
-        if not (self.interval >= 1 and (math.isinf(self.interval) or float(self.interval).is_integer())):
-            raise BadInput(f"--osd-interval must be a whole number >= 1 or inf, got {self.interval}")
-        for name in ("steps", "batch", "buffer"):
-            if getattr(self, name) < 1:
-                raise BadInput(f"--osd-{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise BadInput(f"--osd-lr must be > 0, got {self.lr}")
-        if not self.clip >= 0:
-            raise BadInput(f"--osd-clip must be >= 0 (0 = off), got {self.clip}")
-        if self.topk < 0:
-            raise BadInput(f"--osd-topk must be >= 0 (0 = full distribution), got {self.topk}")
-        if self.divergence not in DIVERGENCES:
-            from drift_cli.registry import unknown
-
-            raise unknown("divergence", self.divergence, DIVERGENCES)
-        return self
 
     def due(self, step: int) -> bool:
         """Does an update fire after verification step `step` (0-based, counted over the stream)?"""
@@ -73,6 +50,3 @@ class OSDConfig:
         out = asdict(self)
         out["interval"] = "inf" if self.frozen else int(self.interval)  # JSON has no infinity
         return out
-
-
-assert set(OPTION_FIELDS.values()) <= {f.name for f in fields(OSDConfig)}

@@ -22,8 +22,10 @@ from typing import Callable
 from drift_cli.results import atomic_write_bytes as write_atomic
 from drift_cli.scenarios.cleaning import content_sha256, normalise_text, normalised_sha256, truncate_at_line
 from drift_cli.scenarios.document import Document
-from drift_cli.scenarios.extractors import EXTRACTORS, MissingSource, list_files, missing_source
-from drift_cli.scenarios.schema import SPLITS, Scenario, SourceSpec, SplitRule
+from drift_cli.scenarios.extractors import MissingSource, list_files, missing_source
+from drift_cli.scenarios.source import EXTRACTORS
+from drift_cli.scenarios.schema import SPLITS, Scenario, SplitRule
+from drift_cli.scenarios.source import SourceSpec
 
 # Bump when extractor or cleaning code changes what the same bytes produce.
 EXTRACTION_VERSION = 3

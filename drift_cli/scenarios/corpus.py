@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Iterator
 
 from drift_cli.errors import BadInput
-from drift_cli.scenarios.extractors import RawDoc, chunk_entries, extractor, jsonl, read_text
-from drift_cli.scenarios.schema import Scenario, SourceSpec, SplitRule, merge_tables, parse_stream
+from drift_cli.scenarios.extractors import chunk_entries, jsonl, read_text
+from drift_cli.scenarios.source import RawDoc, extractor
+from drift_cli.scenarios.schema import Scenario, SplitRule, merge_tables, parse_stream
+from drift_cli.scenarios.source import SourceSpec
 
 CORPUS_SPLIT = SplitRule(salt="drift-bench/corpus/v1", train=0.5, dev=0.25, test=0.25)
 

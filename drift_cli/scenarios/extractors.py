@@ -14,36 +14,12 @@ import fnmatch
 import gzip
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from drift_cli.errors import BadInput
 from drift_cli.scenarios.cleaning import clean_gcide, gcide_quotations, normalise_text, troff_to_text
-from drift_cli.scenarios.schema import SourceSpec
-
-
-@dataclass(frozen=True)
-class RawDoc:
-    locator: str           # unique within the source: a path, or path@first-entry
-    text: str
-    file: str              # the file it came from (for the manifest)
-    date: str | None = None
-    domain: str | None = None  # overrides the source's domain (multilingual pages)
-
-
-Extractor = Callable[[SourceSpec, list[Path]], Iterator[RawDoc]]
-EXTRACTORS: dict[str, Extractor] = {}
-# extractor name -> (spec, root, sorted files) -> the files it reads (hashed into cache keys)
-FILE_FILTERS: dict[str, Callable[[SourceSpec, Path, list[Path]], list[Path]]] = {}
-
-
-def extractor(name: str):
-    def wrap(fn: Extractor) -> Extractor:
-        EXTRACTORS[name] = fn
-        return fn
-
-    return wrap
+from drift_cli.scenarios.source import FILE_FILTERS, RawDoc, SourceSpec, extractor
 
 
 # ---- files -------------------------------------------------------------------------------------

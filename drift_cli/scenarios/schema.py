@@ -16,6 +16,7 @@ from typing import Any
 
 from drift_cli.errors import BadInput
 from drift_cli.registry import suggest
+from drift_cli.scenarios.source import EXTRACTORS, SourceSpec
 
 try:
     import tomllib
@@ -25,25 +26,6 @@ except ImportError:  # Python 3.10: the same parser as a package ("tomli; python
 SPLITS = ("train", "dev", "test")
 STREAM_ORDERS = ("shuffle", "interleave", "block", "mixture")
 DRAFT_ROLES = ("none", "train", "pre_cutoff")
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    """One extractor applied to files under `root` (sorted glob of `include` minus `exclude`)."""
-
-    id: str                         # unique within the scenario, e.g. "stdlib"
-    extractor: str                  # name in drift_cli.scenarios.extractors.EXTRACTORS
-    package: str                    # OS package that provides the files ("" for user data)
-    licence: str                    # licence of the text, as declared by the package
-    root: str                       # directory (or single file) the globs are relative to
-    include: tuple[str, ...] = ("**/*",)
-    exclude: tuple[str, ...] = ()
-    domain: str = ""                # Document.domain; defaults to the scenario's domain
-    max_bytes: int = 0              # budget of cleaned text kept (0: all); subset by id hash
-    options: tuple[tuple[str, Any], ...] = ()   # extractor-specific settings, sorted items
-
-    def option(self, key: str, default: Any = None) -> Any:
-        return dict(self.options).get(key, default)
 
 
 @dataclass(frozen=True)
@@ -185,12 +167,10 @@ def merge_tables(base: dict, over: dict) -> dict:
 
 def parse_source(file: str, index: int, table: dict, scenario_domain: str) -> SourceSpec:
     f = _Fields(file, f"sources[{index}].", table, _SOURCE)
-    from drift_cli.scenarios.extractors import EXTRACTORS
-
     options = f.get("options", dict, {})
     return SourceSpec(
         id=f.get("id", str, check=lambda v: None if v and ":" not in v else "must be non-empty, no ':'"),
-        extractor=f.get("extractor", str, check=_one_of(sorted(EXTRACTORS))),
+        extractor=f.get("extractor", str, check=_one_of(sorted(EXTRACTORS.names()))),
         package=f.get("package", str, ""),
         licence=f.get("licence", str),
         root=f.get("root", str, check=lambda v: None if v else "must be non-empty"),

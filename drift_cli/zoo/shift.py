@@ -4,16 +4,21 @@ For greedy speculative decoding the output is the target's greedy continuation, 
 i-th proposal in a step is conditioned on its earlier proposals, which equal the target's tokens
 whenever they were accepted. So one pass suffices: let the target continue each prompt greedily,
 mark every position where the draft's argmax (teacher-forced on that continuation) equals the
-target's token, and replay the gamma-token verify loop over those marks. The replay gives the
-`acceptance_rate` (accepted / drafted) that `drift bench --temperature 0` measures on the same
-stream, without timing anything (up to EOS handling: the continuation here never stops early).
+target's token, and replay the engine's verify loop over those marks (its draft budget,
+`engine.loop.draft_budget`, and its acceptance rule, `engine.acceptance.accepted_prefix`). The
+replay gives the `acceptance_rate` (accepted / drafted) that `drift bench --temperature 0`
+measures with `vanilla` on the same stream (tests/test_zoo_parts.py checks it equals
+`run_stream`'s), without timing anything; up to EOS handling: the continuation here never
+stops early.
 """
 
 from __future__ import annotations
 
 import torch
 
+from drift_cli.engine.acceptance import accepted_prefix
 from drift_cli.engine.lm import CausalLM
+from drift_cli.engine.loop import draft_budget
 
 
 @torch.inference_mode()
@@ -38,18 +43,17 @@ def draft_matches(draft: torch.nn.Module, seqs: torch.Tensor, prompt_len: int) -
 
 
 def replay_greedy(matches: torch.Tensor, gamma: int) -> tuple[int, int]:
-    """(accepted, drafted) of the gamma-token verify loop over match marks [B, new]."""
+    """(accepted, drafted) of the engine's greedy verify loop over match marks [B, new]: each
+    iteration drafts `draft_budget` tokens and accepts their all-match prefix (the engine's
+    `accepted_prefix`), then the target adds its correction or bonus token."""
     accepted = drafted = 0
-    for row in matches.tolist():
-        t = 0
-        while t < len(row):
-            k = min(gamma, len(row) - t)          # never draft past the generation budget
-            run = 0
-            while run < k and row[t + run]:
-                run += 1
-            accepted += run
-            drafted += k
-            t += run + 1                           # accepted tokens + the target's correction/bonus
+    for row in matches.bool():
+        produced, new = 0, row.shape[0]
+        while produced < new:
+            k = max(0, draft_budget(gamma, new, produced))
+            n = int(accepted_prefix(row[None, produced:produced + k])[0]) if k else 0
+            accepted, drafted = accepted + n, drafted + k
+            produced += n + 1
     return accepted, drafted
 
 

@@ -27,7 +27,7 @@ def training_device() -> torch.device:
 @contextlib.contextmanager
 def cpu_threads():
     """Intra-op threads while training: $DRIFT_TRAIN_THREADS, default 1. On a shared 2-core
-    machine one thread per process is 2-50x faster than two oversubscribed ones."""
+    machine one thread per process is much faster than two oversubscribed ones."""
     old = torch.get_num_threads()
     torch.set_num_threads(max(1, int(os.environ.get("DRIFT_TRAIN_THREADS", "1"))))
     try:

@@ -1,9 +1,14 @@
-//! numpy and torch in / out for `drift_bank_core::kernels` (DRIFT's CPU path): the single ops
-//! (`drift_retrieve`, `drift_bias_add`, `drift_ema`, on C-contiguous arrays) and `CpuBank`, a
-//! bank's per-token and per-iteration calls on its tensors' memory. Shapes are checked here;
-//! the arithmetic lives in the core. Bank arrays are written in place.
+//! numpy and torch in / out for DRIFT's CPU path (`drift_bank_core::kernels` and
+//! `drift_bank_core::cpu_bank`): the single ops (`drift_retrieve`, `drift_bias_add`,
+//! `drift_ema`, on C-contiguous arrays) and `CpuBank`, a bank's per-token and per-iteration
+//! calls on its tensors' memory. Only tensor layout reading, slicing and error mapping live
+//! here; the state (recorded retrievals) and the algorithms are the core's. Bank arrays are
+//! written in place.
 
-use drift_bank_core::kernels::{self, BankArrays, Positions, Retrieved, Rule, Support};
+use drift_bank_core::cpu_bank::{
+    self as core, add_bias_rows, retrieve_rows, KeysView, Knobs, Layout, Rows,
+};
+use drift_bank_core::kernels::{self, BankArrays, Retrieved, Rule, Support};
 use numpy::{
     PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1,
     PyReadwriteArray2, PyUntypedArrayMethods,
@@ -93,68 +98,6 @@ fn support_view(ids: Option<&[i64]>, width: usize, v: usize) -> PyResult<Support
             })?;
             Ok(Support::Full)
         }
-    }
-}
-
-/// Where retrievals go: idx, sim, weight, each [Q, k] row-major.
-type FoundRows<'a> = (&'a mut [i64], &'a mut [f32], &'a mut [f32]);
-
-/// The k nearest of `keys` for each row of h, into rows 0..h.n of `found` (k = its width).
-fn retrieve_rows(
-    h: &Rows<'_>,
-    keys: &[f32],
-    valid: Option<&[bool]>,
-    inv_two_sigma_sq: f32,
-    (idx, sim, w): FoundRows<'_>,
-    scratch: &mut Vec<f32>,
-) {
-    let k = idx.len() / h.n.max(1);
-    for row in 0..h.n {
-        let rk = row * k..(row + 1) * k;
-        kernels::nearest(
-            h.row(row),
-            keys,
-            valid,
-            inv_two_sigma_sq,
-            &mut idx[rk.clone()],
-            &mut sim[rk.clone()],
-            &mut w[rk],
-            scratch,
-        );
-    }
-}
-
-/// out [Q, V] = z + λβ row by row, from the neighbours idx / w [Q, k] (row-major). `acc` is
-/// the vocabulary-wide scratch row, left zeroed.
-#[allow(clippy::too_many_arguments)]
-fn add_bias_rows(
-    z: &Rows<'_>,
-    out: &mut [f32],
-    idx: &[i64],
-    w: &[f32],
-    support: Support<'_>,
-    bias: &[f32],
-    gain: f32,
-    acc: &mut Vec<f32>,
-) {
-    let (v, k) = (z.width, idx.len() / z.n.max(1));
-    if acc.len() != v {
-        acc.clear();
-        acc.resize(v, 0.0);
-    }
-    for row in 0..z.n {
-        let (rk, rv) = (row * k..(row + 1) * k, row * v..(row + 1) * v);
-        out[rv.clone()].copy_from_slice(z.row(row));
-        kernels::bias_add_row(
-            z.row(row),
-            &mut out[rv],
-            &idx[rk.clone()],
-            &w[rk],
-            support,
-            bias,
-            gain,
-            acc,
-        );
     }
 }
 
@@ -298,66 +241,6 @@ pub fn drift_ema<'py>(
     Ok(())
 }
 
-/// The rows of a float32 array, each row contiguous, rows at any stride: [R, X], or the first
-/// `per` rows of each batch of [B, T, X] (row r = (r / per, r % per)). The draft step's h and z
-/// are views `x[:, -1]` of [B, T, ·] tensors, and the update reads the first k of T positions;
-/// reading them in place spares a copy per call.
-#[derive(Clone, Copy)]
-struct Rows<'a> {
-    data: &'a [f32],
-    outer: usize,
-    inner: usize,
-    per: usize,
-    n: usize,
-    width: usize,
-}
-
-impl<'a> Rows<'a> {
-    /// The rows of a C-contiguous [len / width, width] slice.
-    fn of_slice(data: &'a [f32], width: usize) -> Self {
-        let n = if width == 0 { 0 } else { data.len() / width };
-        Rows {
-            data,
-            outer: n * width,
-            inner: width,
-            per: n.max(1),
-            n,
-            width,
-        }
-    }
-
-    fn row(&self, r: usize) -> &'a [f32] {
-        let at = (r / self.per) * self.outer + (r % self.per) * self.inner;
-        &self.data[at..at + self.width]
-    }
-
-    /// All rows as one [n, width] slice when they lie back to back.
-    fn packed(&self) -> Option<&'a [f32]> {
-        let rows_packed = self.n <= 1 || self.inner == self.width;
-        let batches_packed = self.n <= self.per || self.outer == self.per * self.width;
-        (rows_packed && batches_packed).then(|| &self.data[..self.n * self.width])
-    }
-
-    /// [n, width] row-major: the slice itself when packed and `scale` is 1, else the rows copied
-    /// into `into` (each divided by `scale`, as torch divides an fp32 tensor by a float).
-    fn contiguous(&self, scale: f32, into: &'a mut Vec<f32>) -> &'a [f32] {
-        match self.packed() {
-            Some(s) if scale == 1.0 => s,
-            _ => {
-                into.clear();
-                for r in 0..self.n {
-                    into.extend(
-                        self.row(r)
-                            .iter()
-                            .map(|&x| if scale == 1.0 { x } else { x / scale }),
-                    );
-                }
-                into
-            }
-        }
-    }
-}
-
 /// `a` as rows (see [`Rows`]), a float32 numpy array or CPU torch tensor: all rows of a 2-D
 /// one; the first `steps` positions of each batch of a 3-D one when `per` is Some(steps).
 fn f32_rows<'a>(name: &str, a: &'a Bound<'_, PyAny>, per: Option<usize>) -> PyResult<Rows<'a>> {
@@ -381,8 +264,8 @@ fn f32_rows<'a>(name: &str, a: &'a Bound<'_, PyAny>, per: Option<usize>) -> PyRe
 
 /// A float32 CPU torch tensor's (data pointer, shape, strides in elements), read through five
 /// attribute calls made from here. Warm they cost about what `Tensor.numpy()` does; with cold
-/// caches, as inside the decoding loop, a draft step that takes h and z this way saved ~8 µs
-/// of ~38 (`benchmarks/bench_cpu_step.py`).
+/// caches, as inside the decoding loop, they are cheaper (`benchmarks/bench_cpu_step.py`
+/// measures it; docs/drift.md keeps the figures).
 fn tensor_layout(name: &str, t: &Bound<'_, PyAny>) -> PyResult<(usize, Vec<usize>, Vec<isize>)> {
     static FLOAT32: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = t.py();
@@ -404,7 +287,8 @@ fn tensor_layout(name: &str, t: &Bound<'_, PyAny>) -> PyResult<(usize, Vec<usize
     Ok((ptr, shape, strides))
 }
 
-/// Rows over the float32 elements at `ptr` with this shape and strides (in elements).
+/// Rows over the float32 elements at `ptr` with this shape and strides (in elements); the
+/// layout is the core's (`Layout::of`), the slice is made here.
 ///
 /// # Safety
 /// Every element the shape and strides address from `ptr` must be readable for 'a.
@@ -415,107 +299,29 @@ unsafe fn layout_rows<'a>(
     strides: &[isize],
     per: Option<usize>,
 ) -> PyResult<Rows<'a>> {
-    check(strides.iter().all(|&s| s >= 0), || {
-        format!("{name} has negative strides")
-    })?;
-    let st = |i: usize| strides[i] as usize;
-    let (outer, inner, rows_per, n, width) = match (shape.len(), per) {
-        (2, _) => (shape[0] * st(0), st(0), shape[0].max(1), shape[0], shape[1]),
-        (3, Some(steps)) => {
-            check(steps <= shape[1], || {
-                format!("{name} has {} positions, {steps} wanted", shape[1])
-            })?;
-            (st(0), st(1), steps.max(1), shape[0] * steps, shape[2])
-        }
-        _ => {
-            return Err(PyValueError::new_err(format!(
-                "{name} must be a {} array, got shape {shape:?}",
-                if per.is_some() { "[B, T, X]" } else { "[Q, X]" }
-            )))
-        }
-    };
-    check(width <= 1 || strides.last() == Some(&1), || {
-        format!("{name} rows must be contiguous")
-    })?;
-    let data: &[f32] = if n == 0 || width == 0 {
+    let layout = Layout::of(shape, strides, per)
+        .map_err(|e| PyValueError::new_err(format!("{name}: {e}")))?;
+    let data: &[f32] = if layout.span == 0 {
         &[]
     } else {
-        let r = n - 1;
-        let extent = (r / rows_per) * outer + (r % rows_per) * inner + width;
-        // SAFETY: the caller's promise; the rows read lie within [ptr, ptr + extent)
-        unsafe { std::slice::from_raw_parts(ptr as *const f32, extent) }
+        // SAFETY: the caller's promise; the rows read lie within [ptr, ptr + span)
+        unsafe { std::slice::from_raw_parts(ptr as *const f32, layout.span) }
     };
-    Ok(Rows {
-        data,
-        outer,
-        inner,
-        per: rows_per,
-        n,
-        width,
-    })
+    Rows::new(data, layout).map_err(PyValueError::new_err)
 }
 
-/// One proposal's retrievals, rows in draft order (step-major for a batch), [rows, k] each.
-#[derive(Default)]
-struct Recorded {
-    idx: Vec<i64>,
-    sim: Vec<f32>,
-    weight: Vec<f32>,
-    rows: usize,
-}
-
-impl Recorded {
-    /// q more rows, empty (-1, -inf, 0); returns the first.
-    fn push_empty(&mut self, q: usize, k: usize) -> usize {
-        let r = self.rows;
-        self.rows += q;
-        let n = self.rows * k;
-        self.idx.truncate(r * k);
-        self.sim.truncate(r * k);
-        self.weight.truncate(r * k);
-        self.idx.resize(n, -1);
-        self.sim.resize(n, f32::NEG_INFINITY);
-        self.weight.resize(n, 0.0);
-        r
-    }
-
-    /// The first `b * steps` rows batch-major (row (i, t) at i * steps + t).
-    fn batch_major(&self, b: usize, steps: usize, k: usize) -> (Vec<i64>, Vec<f32>, Vec<f32>) {
-        let order = |t: usize| {
-            let (i, s) = (t / steps.max(1), t % steps.max(1));
-            (s * b + i) * k..(s * b + i + 1) * k
-        };
-        let mut out = (Vec::new(), Vec::new(), Vec::new());
-        for t in 0..b * steps {
-            out.0.extend_from_slice(&self.idx[order(t)]);
-            out.1.extend_from_slice(&self.sim[order(t)]);
-            out.2.extend_from_slice(&self.weight[order(t)]);
-        }
-        out
-    }
-}
-
-/// A CPU bank's per-token and per-iteration work, one call each, on the bank tensors' own
-/// memory (numpy views of them, held here): `step` retrieves and adds the bias for one draft
-/// token and records the retrieval; `observe` runs the iteration's whole update with the books
-/// from those records. The per-token call takes three arrays: on this path Python glue, not
-/// arithmetic, was most of DRIFT's cost (each argument and each Python-level operation costs
-/// microseconds once the models' forward passes have flushed the caches).
+/// A CPU bank's per-token and per-iteration work (`drift_bank_core::cpu_bank::CpuBank`), one
+/// call each, on the bank tensors' own memory (numpy views of them, held here) and its books
+/// (the extension's own `Books`, which own the bank's extent): `step` retrieves and adds the
+/// bias for one draft token and records the retrieval; `observe` runs the iteration's whole
+/// update from those records. The per-token call takes three arrays: on this path Python glue,
+/// not arithmetic, was most of DRIFT's cost.
 #[pyclass(module = "drift_cli._bank", name = "CpuBank", unsendable)]
 pub struct CpuBank {
     arrays: Held,
-    books: Option<Py<crate::PyBooks>>,
+    books: Py<crate::PyBooks>,
     tenant: String,
-    k: usize,
-    inv_two_sigma_sq: f32,
-    gain: f32,
-    rule: Rule,
-    hi: usize,
-    n_valid: usize,
-    found: Recorded,
-    scratch: Vec<f32>,
-    acc: Vec<f32>,
-    staged: [Vec<f32>; 3],
+    core: core::CpuBank,
 }
 
 /// The bank tensors' numpy views, held (alive) by the `CpuBank`.
@@ -574,6 +380,18 @@ impl Held {
     }
 }
 
+/// (updated, refreshed, evicted, [(position, slot)] allocated, [(position, slot)] matched,
+/// [rate] of each matched update, [slot] newly valid).
+type ObserveResult = (
+    usize,
+    usize,
+    usize,
+    Vec<(usize, usize)>,
+    Vec<(usize, usize)>,
+    Vec<f64>,
+    Vec<usize>,
+);
+
 #[pymethods]
 impl CpuBank {
     #[new]
@@ -616,18 +434,27 @@ impl CpuBank {
                 && counts.is_c_contiguous(),
             || "the bank arrays must be C-contiguous".into(),
         )?;
-        check(k >= 1, || "k must be at least 1".into())?;
-        // the extension's own books drive `observe`; any other books object leaves it to Python
         let books = books
             .cast::<crate::PyBooks>()
-            .ok()
-            .map(|b| b.clone().unbind());
-        if let Some(b) = &books {
-            check(
-                b.bind(keys.py()).borrow().inner.capacity() as usize == n,
-                || "the books' capacity is not the bank size".into(),
-            )?;
-        }
+            .map_err(|_| PyValueError::new_err("a CpuBank needs the extension's own Books"))?
+            .clone()
+            .unbind();
+        check(
+            books.bind(keys.py()).borrow().inner.capacity() as usize == n,
+            || "the books' capacity is not the bank size".into(),
+        )?;
+        let rule = Rule {
+            tau,
+            eta,
+            adaptive,
+            used_weight,
+        };
+        let knobs = Knobs {
+            k,
+            inv_two_sigma_sq,
+            gain,
+            rule,
+        };
         Ok(Self {
             arrays: Held {
                 keys: keys.unbind(),
@@ -641,62 +468,18 @@ impl CpuBank {
             },
             books,
             tenant,
-            k,
-            inv_two_sigma_sq,
-            gain,
-            rule: Rule {
-                tau,
-                eta,
-                adaptive,
-                used_weight,
-            },
-            hi: 0,
-            n_valid: 0,
-            found: Recorded::default(),
-            scratch: Vec::new(),
-            acc: Vec::new(),
-            staged: Default::default(),
+            core: core::CpuBank::new(knobs).map_err(crate::py_err)?,
         })
-    }
-
-    /// 1 + the highest valid slot (retrieval scans slots [0, hi)).
-    #[getter]
-    fn hi(&self) -> usize {
-        self.hi
-    }
-
-    /// Valid prototypes.
-    #[getter]
-    fn n_valid(&self) -> usize {
-        self.n_valid
-    }
-
-    /// Sets (hi, n_valid) after the bank changed outside `observe` (a snapshot load).
-    fn set_extent(&mut self, hi: usize, n_valid: usize) -> PyResult<()> {
-        check(n_valid <= hi && hi <= self.arrays.n, || {
-            format!(
-                "need n_valid <= hi <= {}, got {n_valid}, {hi}",
-                self.arrays.n
-            )
-        })?;
-        (self.hi, self.n_valid) = (hi, n_valid);
-        Ok(())
-    }
-
-    /// Whether `observe` can run here (the books are the extension's own).
-    #[getter]
-    fn owns_books(&self) -> bool {
-        self.books.is_some()
     }
 
     /// A new proposal: forget the last one's retrievals.
     fn begin(&mut self) {
-        self.found.rows = 0;
+        self.core.begin();
     }
 
     /// One draft step for h [Q, d], z [Q, V] (float32, rows contiguous): the k nearest of slots
-    /// [0, hi), recorded, then out [Q, V] = z + λβ. Returns False, leaving `out` untouched, when
-    /// the logits are unchanged (an empty bank, or λ = 0).
+    /// [0, hi) (the books' extent), recorded, then out [Q, V] = z + λβ. Returns False, leaving
+    /// `out` untouched, when the logits are unchanged (an empty bank, or λ = 0).
     fn step(
         &mut self,
         h: &Bound<'_, PyAny>,
@@ -705,48 +488,37 @@ impl CpuBank {
     ) -> PyResult<bool> {
         let py = h.py();
         let h = f32_rows("h", h, None)?;
-        check(h.width == self.arrays.dim, || {
-            format!("h has {} columns, the keys {}", h.width, self.arrays.dim)
+        check(h.width() == self.arrays.dim, || {
+            format!("h has {} columns, the keys {}", h.width(), self.arrays.dim)
         })?;
-        let (q, k) = (h.n, self.k);
-        let r0 = self.found.push_empty(q, k);
-        if self.n_valid == 0 {
-            return Ok(false);
-        }
+        let (hi, n_valid) = self.books.bind(py).borrow().inner.extent();
         let b = self.arrays.slices(py)?;
-        let keys = &b.keys[..self.hi * self.arrays.dim];
-        let valid = (self.n_valid < self.hi).then(|| &b.valid[..self.hi]);
-        let f = &mut self.found;
-        let rows = r0 * k..(r0 + q) * k;
-        retrieve_rows(
-            &h,
-            keys,
-            valid,
-            self.inv_two_sigma_sq,
-            (
-                &mut f.idx[rows.clone()],
-                &mut f.sim[rows.clone()],
-                &mut f.weight[rows.clone()],
-            ),
-            &mut self.scratch,
-        );
-        if self.gain == 0.0 {
-            return Ok(false);
-        }
+        let view = KeysView {
+            keys: b.keys,
+            valid: b.valid,
+            dim: self.arrays.dim,
+        };
+        let rows = match self
+            .core
+            .retrieve(&view, (hi as usize, n_valid as usize), &h)
+        {
+            Some(rows) if self.core.knobs.gain != 0.0 => rows,
+            _ => return Ok(false),
+        };
         let z = f32_rows("z", z, None)?;
-        let v = z.width;
+        let (q, v) = (h.n(), z.width());
         let out = out
             .cast::<PyArray2<f32>>()
             .map_err(|_| PyValueError::new_err("out must be a float32 numpy array"))?;
-        check(z.n == q && out.shape() == [q, v], || {
+        check(z.n() == q && out.shape() == [q, v], || {
             format!(
                 "z [{}, {v}], out {:?} and h [{q}, ..] disagree",
-                z.n,
+                z.n(),
                 out.shape()
             )
         })?;
         let support = support_view(b.support.as_deref(), self.arrays.width, v)?;
-        let zr = z.data.as_ptr_range();
+        let zr = z.data().as_ptr_range();
         let or = out.data() as *const f32..unsafe { (out.data() as *const f32).add(q * v) };
         check(or.end <= zr.start || zr.end <= or.start, || {
             "out overlaps z".into()
@@ -754,48 +526,33 @@ impl CpuBank {
         // SAFETY: `out` is alive (borrowed), distinct from z (checked) and from the bank arrays
         // (the caller's buffer); the GIL is held and no Python code runs meanwhile.
         let o = unsafe { contiguous("out", out.as_slice_mut())? };
-        add_bias_rows(
-            &z,
-            o,
-            &f.idx[rows.clone()],
-            &f.weight[rows],
-            support,
-            b.bias,
-            self.gain,
-            &mut self.acc,
-        );
+        self.core.add_bias(rows, &z, o, support, b.bias);
         Ok(true)
     }
 
     /// The first `steps` draft steps' retrievals for a batch of b, as (idx, sim, weight)
     /// [b·steps, k] batch-major copies.
     fn drafted<'py>(&self, py: Python<'py>, b: usize, steps: usize) -> PyResult<Found<'py>> {
-        check(b * steps <= self.found.rows, || {
+        let found = self.core.recorded();
+        check(b * steps <= found.rows, || {
             "fewer draft rows recorded than positions asked for".into()
         })?;
-        let (i, s, w) = self.found.batch_major(b, steps, self.k);
-        let shape = [b * steps, self.k];
-        let arr = |e: PyErr| e;
+        let k = self.core.knobs.k;
+        let (i, s, w) = found.batch_major(b, steps, k);
+        let shape = [b * steps, k];
         Ok((
-            numpy::PyArray1::from_vec(py, i)
-                .reshape(shape)
-                .map_err(arr)?,
-            numpy::PyArray1::from_vec(py, s)
-                .reshape(shape)
-                .map_err(arr)?,
-            numpy::PyArray1::from_vec(py, w)
-                .reshape(shape)
-                .map_err(arr)?,
+            numpy::PyArray1::from_vec(py, i).reshape(shape)?,
+            numpy::PyArray1::from_vec(py, s).reshape(shape)?,
+            numpy::PyArray1::from_vec(py, w).reshape(shape)?,
         ))
     }
 
     /// One iteration's whole update with the books (`drift_bank_core::kernels::observe`), in
     /// place. h [B, T, d], logp, logq [B, T', V] (T, T' >= steps; float32, rows contiguous):
-    /// positions (i, t < steps) batch-major, log-probabilities at `temperature` (divided here;
-    /// unnormalised will do). 2-D [P, ·] arrays are taken as they are. The neighbours are the
-    /// recorded draft steps', or idx/sim/weight [P, k] when given. Returns (updated, refreshed,
-    /// evicted, [(position, slot)] allocated in order). idx/sim/weight may hold any number of
-    /// neighbours per position.
+    /// positions (i, t < steps) batch-major, log-probabilities at `temperature` (divided in the
+    /// core; unnormalised will do). 2-D [P, ·] arrays are taken as they are. The neighbours are
+    /// the recorded draft steps', or idx/sim/weight [P, k] (any k) when given. Returns
+    /// (updated, refreshed, evicted, allocations, matched, rates): see `ObserveResult`.
     #[pyo3(signature = (h, logp, logq, steps, temperature = 1.0, idx = None, sim = None, weight = None))]
     #[allow(clippy::too_many_arguments)]
     fn observe(
@@ -808,31 +565,14 @@ impl CpuBank {
         idx: Option<PyReadonlyArray2<'_, i64>>,
         sim: Option<PyReadonlyArray2<'_, f32>>,
         weight: Option<PyReadonlyArray2<'_, f32>>,
-    ) -> PyResult<(usize, usize, usize, Vec<(usize, usize)>)> {
+    ) -> PyResult<ObserveResult> {
         let py = h.py();
-        let books = self
-            .books
-            .as_ref()
-            .ok_or_else(|| {
-                PyValueError::new_err("these books are not the extension's: observe in Python")
-            })?
-            .clone_ref(py);
         let (hr, pr, qr) = (
             f32_rows("h", h, Some(steps))?,
             f32_rows("logp", logp, Some(steps))?,
             f32_rows("logq", logq, Some(steps))?,
         );
-        let p = hr.n;
-        check(
-            hr.width == self.arrays.dim && pr.n == p && qr.n == p && pr.width == qr.width,
-            || {
-                format!(
-                    "h [{p}, {}], logp [{}, {}], logq [{}, {}] and keys [.., {}] disagree",
-                    hr.width, pr.n, pr.width, qr.n, qr.width, self.arrays.dim
-                )
-            },
-        )?;
-        let v = pr.width;
+        let (p, v) = (hr.n(), pr.width());
         check(
             if self.arrays.support.is_some() {
                 self.arrays.width <= v
@@ -846,12 +586,9 @@ impl CpuBank {
                 )
             },
         )?;
-        check(temperature > 0.0, || "temperature must be positive".into())?;
-        let k = self.k;
-        let reordered;
-        let found = match (&idx, &sim, &weight) {
+        let given = match (&idx, &sim, &weight) {
             (Some(i), Some(s), Some(w)) => {
-                let k = i.shape()[1]; // any number of neighbours
+                let k = i.shape()[1];
                 check(
                     i.shape() == [p, k] && s.shape() == [p, k] && w.shape() == [p, k],
                     || format!("idx, sim and weight must be [{p}, k] alike"),
@@ -860,48 +597,19 @@ impl CpuBank {
                 check(ids.iter().all(|&s| s < self.arrays.n as i64), || {
                     "a neighbour id is out of range".into()
                 })?;
-                Retrieved {
+                Some(Retrieved {
                     idx: ids,
                     sim: contiguous("sim", s.as_slice())?,
                     weight: contiguous("weight", w.as_slice())?,
                     k,
-                }
+                })
             }
-            (None, None, None) => {
-                check(
-                    p <= self.found.rows && (steps == 0 || p % steps == 0),
-                    || format!("{p} positions, {} draft rows recorded", self.found.rows),
-                )?;
-                let b = if steps == 0 { 0 } else { p / steps };
-                if b <= 1 {
-                    Retrieved {
-                        idx: &self.found.idx[..p * k],
-                        sim: &self.found.sim[..p * k],
-                        weight: &self.found.weight[..p * k],
-                        k,
-                    }
-                } else {
-                    reordered = self.found.batch_major(b, steps, k);
-                    Retrieved {
-                        idx: &reordered.0,
-                        sim: &reordered.1,
-                        weight: &reordered.2,
-                        k,
-                    }
-                }
-            }
+            (None, None, None) => None,
             _ => {
                 return Err(PyValueError::new_err(
                     "give idx, sim and weight together, or none",
                 ))
             }
-        };
-        let [sh, sp, sq] = &mut self.staged;
-        let x = Positions {
-            h: hr.contiguous(1.0, sh),
-            logp: pr.contiguous(temperature, sp),
-            logq: qr.contiguous(temperature, sq),
-            vocab: v,
         };
         let s = self.arrays.slices(py)?;
         let mut arrays = BankArrays {
@@ -911,21 +619,28 @@ impl CpuBank {
             counts: s.counts,
             dim: self.arrays.dim,
         };
-        let mut books = books.bind(py).borrow_mut();
-        let done = kernels::observe(
-            &mut books.inner,
-            &self.tenant,
-            &mut arrays,
-            s.valid,
-            &x,
-            &found,
-            &self.rule,
-        )
-        .map_err(crate::py_err)?;
-        self.n_valid += done.newly_valid.len();
-        if let Some(top) = done.allocations.iter().map(|&(_, slot)| slot).max() {
-            self.hi = self.hi.max(top + 1);
-        }
-        Ok((done.updated, done.refreshed, done.evicted, done.allocations))
+        let mut books = self.books.bind(py).borrow_mut();
+        let done = self
+            .core
+            .observe(
+                &mut books.inner,
+                &self.tenant,
+                &mut arrays,
+                s.valid,
+                (&hr, &pr, &qr),
+                steps,
+                temperature,
+                given,
+            )
+            .map_err(crate::py_err)?;
+        Ok((
+            done.updated,
+            done.refreshed,
+            done.evicted,
+            done.allocations,
+            done.matched,
+            done.rates,
+            done.newly_valid,
+        ))
     }
 }

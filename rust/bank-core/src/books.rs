@@ -104,6 +104,7 @@ pub struct Books {
     free: Vec<u32>,         // stack of free slots; the last entry is handed out next
     pool: List,             // LRU list of the slots of tenants without quota
     used: u32,
+    high: u32, // 1 + the highest slot ever attached (0 when none was)
     clock: u64,
     counters: Counters,
 }
@@ -145,6 +146,7 @@ impl Books {
             free,
             pool: List::EMPTY,
             used: 0,
+            high: 0,
             clock: 0,
             counters: Counters::default(),
         };
@@ -165,6 +167,14 @@ impl Books {
     /// Used slots.
     pub fn len(&self) -> u32 {
         self.used
+    }
+
+    /// The bank's extent, (hi, n_valid): 1 + the highest slot handed out since the books were
+    /// made or loaded (fresh books hand out 0, 1, 2, ...: while a bank fills, slots [hi, N) are
+    /// all free, so retrieval scans [0, hi) only), and the number of used slots. The books are
+    /// the extent's one owner; a bank reads it from here.
+    pub fn extent(&self) -> (u32, u32) {
+        (self.high, self.used)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -490,6 +500,7 @@ impl Books {
         };
         lru::push_mru(&mut self.slots, group, slot);
         self.used += 1;
+        self.high = self.high.max(slot + 1);
     }
 
     /// Takes used `slot` away from its owner (it is then neither used nor on the free stack).

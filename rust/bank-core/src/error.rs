@@ -13,6 +13,8 @@ pub enum BankError {
     Slot(String),
     /// Quotas exceeding the capacity, a zero quota or pool, a bad capacity.
     Quota(String),
+    /// Arrays whose shapes or layouts disagree with each other or with the bank (a caller's bug).
+    Shape(String),
     /// Arguments to `save` that cannot form a snapshot (missing arrays, wrong shapes, missing meta).
     SnapshotInput(String),
     /// A snapshot that is truncated, fails its checksum or disagrees with its own metadata.
@@ -37,6 +39,7 @@ impl fmt::Display for BankError {
             BankError::Tenant(msg)
             | BankError::Slot(msg)
             | BankError::Quota(msg)
+            | BankError::Shape(msg)
             | BankError::SnapshotInput(msg) => f.write_str(msg),
             BankError::SnapshotCorrupt(msg) => write!(f, "corrupt bank snapshot: {msg}"),
             BankError::SnapshotVersion { found, supported } => write!(

@@ -375,7 +375,7 @@ fn full_residual(lp: &[f32], lq: &[f32], r: &mut [f32]) {
 
 /// First index of the maximum (as numpy's and torch's argmax; NaN-blind, 0 for an empty or all
 /// -inf row): the vectorised maximum, then the first position holding it (a scalar running
-/// argmax carries a dependency from element to element, ~4x slower over a vocabulary).
+/// argmax carries a dependency from element to element: several times slower over a vocabulary).
 fn argmax(x: &[f32]) -> usize {
     #[cfg(target_arch = "x86_64")]
     let top = if std::arch::is_x86_feature_detected!("avx2") {
@@ -391,7 +391,7 @@ fn argmax(x: &[f32]) -> usize {
 
 /// One prototype's EMA step: rate η_i = max(η, 1/(n_i + 1)) (or η), B ← (1 - η_i)·B + η_i·r,
 /// K ← normalise((1 - η_i)·K + η_i·ĥ), n_i += 1. The rate and 1 - rate are computed in f64 and
-/// rounded to f32, as torch rounds a Python float.
+/// rounded to f32, as torch rounds a Python float. Returns the rate η_i (f64).
 pub fn ema(
     key: &mut [f32],
     bias: &mut [f32],
@@ -400,7 +400,7 @@ pub fn ema(
     h: &[f32],
     eta: f64,
     adaptive: bool,
-) {
+) -> f64 {
     let rate64 = if adaptive {
         eta.max(1.0 / (*count as f64 + 1.0))
     } else {
@@ -419,6 +419,7 @@ pub fn ema(
         *k /= knorm;
     }
     *count += 1;
+    rate64
 }
 
 /// The bank's mutable arrays, row-major: keys [N, d], support ids [N, m] (absent for a
@@ -453,13 +454,14 @@ impl BankArrays<'_> {
 
     /// The matched update, one (position, slot) pair at a time in the order given (a slot may
     /// repeat). Support refresh, residual on the refreshed support, EMA of bias and key, count.
-    /// Returns how many support refreshes happened.
+    /// Returns how many support refreshes happened; each pair's EMA rate is appended to `rates`.
     pub fn update(
         &mut self,
         x: &Positions<'_>,
         pairs: &[(usize, usize)],
         eta: f64,
         adaptive: bool,
+        rates: &mut Vec<f64>,
     ) -> usize {
         let (d, width) = (self.dim, self.width());
         let mut refreshed = 0;
@@ -488,7 +490,7 @@ impl BankArrays<'_> {
             }
             let h = &x.h[p * d..(p + 1) * d];
             let key = &mut self.keys[slot * d..(slot + 1) * d];
-            ema(
+            rates.push(ema(
                 key,
                 &mut self.bias[brow],
                 &mut self.counts[slot],
@@ -496,7 +498,7 @@ impl BankArrays<'_> {
                 h,
                 eta,
                 adaptive,
-            );
+            ));
         }
         refreshed
     }
@@ -557,6 +559,10 @@ pub struct Observed {
     /// (position, slot) for every allocation the books made, in order (a tiny bank may hand the
     /// same slot out twice; then the last position keeps it)
     pub allocations: Vec<(usize, usize)>,
+    /// (position, slot) of every matched position, in order (the nearest prototype within τ)
+    pub matched: Vec<(usize, usize)>,
+    /// the EMA rate η_i each matched update used, in the order of `matched`
+    pub rates: Vec<f64>,
     /// slots that became valid
     pub newly_valid: Vec<usize>,
 }
@@ -580,8 +586,8 @@ fn last_occurrences(items: &[usize]) -> Vec<usize> {
 /// 4. one allocation per other position, in order; when a slot repeats, its last position
 ///    writes it ([`BankArrays::allocate`]); new slots are marked in `valid`.
 ///
-/// The same steps as `DriftBank.observe` in Python (the path for devices), which the tests
-/// compare this with.
+/// The same steps as `drift_kernels.reference.observe` (the specification, and the path for
+/// devices), which the tests compare this with.
 pub fn observe(
     books: &mut crate::Books,
     tenant: &str,
@@ -623,7 +629,7 @@ pub fn observe(
         updated: matched.len(),
         ..Observed::default()
     };
-    out.refreshed = bank.update(x, &matched, rule.eta, rule.adaptive);
+    out.refreshed = bank.update(x, &matched, rule.eta, rule.adaptive, &mut out.rates);
     for p in (0..rows).filter(|&p| !is_matched(p)) {
         let a = books.allocate(tenant)?;
         out.evicted += usize::from(a.evicted_from.is_some());
@@ -641,6 +647,7 @@ pub fn observe(
             out.newly_valid.push(slot);
         }
     }
+    out.matched = matched;
     Ok(out)
 }
 
@@ -827,7 +834,9 @@ mod tests {
             counts: &mut counts,
             dim: 2,
         };
-        assert_eq!(bank.update(&x, &[(0, 0)], 0.1, true), 1);
+        let mut rates = Vec::new();
+        assert_eq!(bank.update(&x, &[(0, 0)], 0.1, true, &mut rates), 1);
+        assert_eq!(rates, [0.5]); // max(η, 1/(n + 1)) at n = 1
         assert_eq!(support, [0, 2]); // |-0.1| < |0.5|: entry 1 replaced by token 2
         let r1 = (0.1f32 / 0.8).ln() - 0.5f32.ln();
         let r2 = (0.7f32 / 0.8).ln() - 0.5f32.ln();

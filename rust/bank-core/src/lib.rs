@@ -2,10 +2,13 @@
 //!
 //! - [`Books`]: slots, per-tenant / pool / global LRU lists, free stack, counters.
 //! - [`kernels`]: DRIFT's CPU arithmetic (retrieval + bias add, update, allocation) on slices.
+//! - [`cpu_bank`]: a CPU bank's state and calls: strided rows, recorded retrievals, draft step
+//!   and update (the bank's extent is its books', [`Books::extent`]).
 //! - [`state`]: the books as JSON, the one serialisation path for snapshots and pickling.
 //! - [`snapshot`]: safetensors snapshot files with the bank's arrays, checked on load.
 
 pub mod books;
+pub mod cpu_bank;
 pub mod error;
 pub mod kernels;
 mod lru;
