@@ -15,7 +15,7 @@ from drift_cli.commands.ablate import ablate
 from drift_cli.commands.analyze import analyze
 from drift_cli.commands.bank import bank
 from drift_cli.commands.data import data
-from drift_cli.commands.options import decode_options, method_options, model_options
+from drift_cli.commands.options import bench_options
 from drift_cli.commands.regress import regress
 from drift_cli.commands.suite import suite
 from drift_cli.commands.zoo import zoo
@@ -30,13 +30,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--scenario", default=None, help="scenario name (see `drift data list`); default jargon")
-@click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL")
-@click.option("--methods", default="all", show_default=True, help="'all' or a comma-separated list")
-@click.option("--no-control", is_flag=True, help="skip the indist control stream")
-@model_options
-@decode_options
-@method_options
+@bench_options
 def bench(scenario, corpus, methods, no_control, zoo, draft, target, device, dtype, threads, split, max_prompts,
           max_new_tokens, gamma, temperature, top_p, seed, out, as_json, **method_opts) -> None:
     """Run methods on one prompt stream and compare them."""

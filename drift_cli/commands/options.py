@@ -93,3 +93,21 @@ def decode_options(fn):
     for o in reversed(opts):
         fn = o(fn)
     return fn
+
+
+def bench_options(fn):
+    """Every option of `drift bench` (suites type-check their settings against these)."""
+    opts = [
+        click.option("--scenario", default=None, help="scenario name (see `drift data list`); default jargon"),
+        click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL"),
+        click.option("--methods", default="all", show_default=True, help="'all' or a comma-separated list"),
+        click.option("--no-control", is_flag=True, help="skip the indist control stream"),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return model_options(decode_options(method_options(fn)))
+
+
+def bench_params() -> dict[str, click.Parameter]:
+    """`drift bench`'s parameters by name, without importing the command line."""
+    return {p.name: p for p in click.command()(bench_options(lambda **kw: None)).params if p.name}

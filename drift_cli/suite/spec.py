@@ -56,13 +56,10 @@ class Suite:
 
 
 def _method_options() -> dict[str, click.Option]:
-    from drift_cli.methods import METHODS
+    from drift_cli.commands.options import settings_options
+    from drift_cli.methods import settings_classes
 
-    out: dict[str, click.Option] = {}
-    for name in METHODS.names():
-        for opt in METHODS[name].cli_options:
-            out.setdefault(opt.name, opt)
-    return out
+    return {opt.name: opt for opt in settings_options(settings_classes())}
 
 
 def _bench_fields() -> dict[str, Any]:
@@ -86,9 +83,9 @@ def _key(name: str, where: str) -> str:
 
 def _bench_params() -> dict[str, click.Parameter]:
     """`drift bench`'s options by name: a setting's type and check are its flag's."""
-    from drift_cli.cli import bench
+    from drift_cli.commands.options import bench_params
 
-    return {p.name: p for p in bench.params if p.name}
+    return bench_params()
 
 
 def _value(key: str, value: Any, where: str) -> Any:
