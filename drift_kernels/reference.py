@@ -54,7 +54,9 @@ def retrieve(h: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, k: int, s
     if n == 0 or k == 0:
         empty = torch.empty((q, k), device=h.device)
         return Neighbours(empty.long().fill_(-1), empty.fill_(float("-inf")), torch.zeros_like(empty))
-    sim = unit_rows(h) @ keys.float().T                                   # [Q, N]
+    # an elementwise product summed per row, not a matmul: a blocked matmul can round identical
+    # key rows differently by their position, and then equal keys would not tie
+    sim = (unit_rows(h)[:, None, :] * keys.float()[None, :, :]).sum(-1)   # [Q, N]
     sim = sim.masked_fill(~valid.bool()[None, :], float("-inf"))
     kk = min(k, n)
     top, order = sim.topk(min(kk + 1, n), dim=-1)                         # one extra to see boundary ties
