@@ -232,7 +232,11 @@ def ensure_zoo(preset: str = "small", progress: Progress | None = None) -> ZooPa
 # ---- offline drafts ----------------------------------------------------------------------------
 
 def load_model(path: Path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    """A zoo checkpoint (a directory, or the GGUF file of a pretrained target) in fp32."""
+    from drift_cli.models import resolve_checkpoint
+
+    directory, _ = resolve_checkpoint(path, "zoo model")
+    return AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
 
 
 def ensure_offline_draft(preset: str, scenario: str, divergence: str = "fkl", on_policy: bool = False,
