@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 from rich.console import Console
 from rich.table import Table
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from drift_cli.atomic import strict_json
 
 err_console = Console(stderr=True)
 
@@ -41,7 +42,7 @@ def row_table(title: str, columns: tuple[str, ...]) -> Table:
 
 def emit(obj: dict, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(obj, indent=2))
+        click.echo(strict_json(obj, indent=2))
 
 
 def quiet_libraries() -> None:

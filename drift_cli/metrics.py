@@ -190,7 +190,9 @@ def convergence_steps(curve: list[tuple[int, float]], tail: float = 0.25, frac: 
 
 
 def acceptance_by_entropy(steps, edges=ENTROPY_EDGES) -> list[dict]:
-    """alpha bucketed by the target's entropy (nats) at each drafted position."""
+    """alpha bucketed by the target's entropy (nats) at each drafted position.
+
+    The last bucket is open: its `entropy_hi` is None (JSON null), never a bare Infinity."""
     buckets = [[0, 0] for _ in range(len(edges) - 1)]   # [accepted, drafted]
     for s in steps:
         for i, h in enumerate(s.target_entropy):
@@ -198,7 +200,7 @@ def acceptance_by_entropy(steps, edges=ENTROPY_EDGES) -> list[dict]:
             buckets[b][1] += 1
             buckets[b][0] += s.accepted > i
     return [
-        {"entropy_lo": edges[j], "entropy_hi": edges[j + 1], "drafted": d, "acceptance_rate": a / d if d else None}
+        {"entropy_lo": edges[j], "entropy_hi": edges[j + 1] if math.isfinite(edges[j + 1]) else None, "drafted": d, "acceptance_rate": a / d if d else None}
         for j, (a, d) in enumerate(buckets)
     ]
 

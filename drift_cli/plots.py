@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from drift_cli.results import atomic_write_bytes  # noqa: E402
+from drift_cli.atomic import atomic_write_bytes  # noqa: E402
 
 
 def save_figure(fig, path: Path, dpi: int = 110) -> None:

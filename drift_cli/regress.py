@@ -24,7 +24,8 @@ from typing import Any, Callable
 from drift_cli import metrics
 from drift_cli.bench import BenchConfig, Models, check_preset, load_models, load_stream, resolve_scenario, run_methods
 from drift_cli.errors import BadInput, CheckFailed
-from drift_cli.results import atomic_write_json, environment
+from drift_cli.atomic import atomic_write_json
+from drift_cli.results import environment
 from drift_cli.stream import Stream
 
 BASELINE_KIND = "drift-regress-baseline"

@@ -1,8 +1,9 @@
 """Run results on disk: `results/<scenario>/<run-id>/{run.json, steps.jsonl, *.png}`.
 
 Everything is written atomically: the run directory is assembled under a temporary name and
-renamed into place, and single files go through temp file + fsync + rename. An existing run is
-never touched, so an interrupted run cannot damage earlier results.
+renamed into place (run.json first, then steps and plots), and single files go through
+`drift_cli.atomic` (temp file + fsync + rename). An existing run is never touched, so an
+interrupted run cannot damage earlier results. All JSON is strict (no NaN or Infinity).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, TypedDict
+
+from drift_cli.atomic import strict_json
+from drift_cli.errors import BadInput
 
 SCHEMA_VERSION = 1
 
@@ -36,34 +40,6 @@ class RunJson(TypedDict, total=False):
     methods: dict[str, dict[str, Any]]
     control: dict[str, dict[str, Any]]
     comparisons: dict[str, Any]
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=_jsonable) + "\n").encode())
-
-
-def _jsonable(x):
-    if hasattr(x, "tolist"):
-        return x.tolist()
-    if isinstance(x, Path):
-        return str(x)
-    raise TypeError(f"not JSON serialisable: {type(x)}")
 
 
 def versions() -> dict[str, str]:
@@ -110,8 +86,6 @@ def new_run_id(label: str) -> str:
 
 def check_writable(out: Path) -> Path:
     """Fail early (BadInput) when the output directory cannot be created or written."""
-    from drift_cli.errors import BadInput
-
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -125,13 +99,16 @@ def check_writable(out: Path) -> Path:
 def write_run(out_root: Path, run: RunJson, steps: Iterable[dict], plots: bool = True) -> Path:
     """Write one run directory atomically; returns its final path."""
     final = Path(out_root) / run["scenario"] / run["run_id"]
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{run['run_id']}.", suffix=".tmp"))
     try:
-        (tmp / "run.json").write_text(json.dumps(run, indent=2, default=_jsonable) + "\n")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{run['run_id']}.", suffix=".tmp"))
+    except OSError as e:
+        raise BadInput(f"cannot write the run under {final.parent}: {e.strerror or e}") from None
+    try:
+        (tmp / "run.json").write_text(strict_json(run, indent=2) + "\n")
         with open(tmp / "steps.jsonl", "w") as fh:
             for rec in steps:
-                fh.write(json.dumps(rec, default=_jsonable) + "\n")
+                fh.write(strict_json(rec) + "\n")
         if plots:
             from drift_cli.plots import plot_run
 
@@ -140,6 +117,9 @@ def write_run(out_root: Path, run: RunJson, steps: Iterable[dict], plots: bool =
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         os.replace(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BadInput(f"cannot write the run {final}: {e.strerror or e}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -147,15 +127,18 @@ def write_run(out_root: Path, run: RunJson, steps: Iterable[dict], plots: bool =
 
 
 def load_run(run_dir: Path) -> RunJson:
-    from drift_cli.errors import BadInput
-
+    """The run.json of a run directory (or the run.json file itself); BadInput when it is not one."""
     path = Path(run_dir) / "run.json" if Path(run_dir).is_dir() else Path(run_dir)
     if not path.is_file():
         raise BadInput(f"no run.json at {run_dir}")
     try:
         run = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path} is not valid JSON: {e}") from e
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInput(f"{path} is not a run.json (not valid JSON: {e})") from None
+    except OSError as e:
+        raise BadInput(f"cannot read {path}: {e.strerror or e}") from None
+    if not isinstance(run, dict) or not isinstance(run.get("methods"), dict):
+        raise BadInput(f"{path} is not a run.json (expected an object with 'schema_version' and 'methods')")
     if run.get("schema_version") != SCHEMA_VERSION:
         raise BadInput(f"{path}: schema_version {run.get('schema_version')!r}, expected {SCHEMA_VERSION}")
     return run

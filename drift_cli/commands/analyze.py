@@ -131,12 +131,18 @@ def plot_analysis(run: dict, out_dir: Path) -> None:
         ax.bar(xs, [b["acceptance_rate"] or 0.0 for b in buckets], width=width, label=name)
     first = next(iter(ent.values()))
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(first))],
-                  [f"{b['entropy_lo']:g}-{b['entropy_hi']:g}" for b in first])
+                  [entropy_label(b) for b in first])
     ax.set_xlabel("target entropy (nats)")
     ax.set_ylabel("acceptance rate")
     ax.legend()
     fig.tight_layout()
     _save(fig, out_dir / "entropy.png")
+
+
+def entropy_label(bucket: dict) -> str:
+    """'0.5-1' for a bucket of acceptance_by_entropy; the open last bucket (entropy_hi null) is '3+'."""
+    hi = bucket["entropy_hi"]
+    return f"{bucket['entropy_lo']:g}+" if hi is None else f"{bucket['entropy_lo']:g}-{hi:g}"
 
 
 def analysis_tables(run: dict):
@@ -161,7 +167,7 @@ def analysis_tables(run: dict):
         for buckets in ent.values():
             a = buckets[j]["acceptance_rate"]
             cells += ["–" if a is None else f"{a:.3f}", str(buckets[j]["drafted"])]
-        t2.add_row(f"{b['entropy_lo']:g}–{b['entropy_hi']:g}", *cells)
+        t2.add_row(entropy_label(b), *cells)
     return t1, t2
 
 

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from drift_cli.atomic import strict_json
 from drift_cli.console import row_table
 from drift_cli.errors import BadInput
 
@@ -75,7 +76,7 @@ def inspect(snapshot: Path, as_json: bool) -> None:
     """Check SNAPSHOT (version, checksum, shapes, books) and print its summary."""
     summary = read_summary(snapshot)
     if as_json:
-        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+        click.echo(strict_json(summary, indent=2, sort_keys=True))
         return
     out = Console()
     out.print(_summary_table(summary))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from drift_cli.atomic import strict_json
 from drift_cli.console import row_table
 from drift_cli.errors import BadInput
 
@@ -66,7 +66,7 @@ def build(scenarios: tuple[str, ...], force: bool, prune: bool, as_json: bool) -
         removed = prune_cache()
         console.print(f"pruned {len(removed)} superseded cache entries")
     if as_json:
-        click.echo(json.dumps(summaries, indent=2, sort_keys=True))
+        click.echo(strict_json(summaries, indent=2, sort_keys=True))
         return
     table = Table(title="drift data build")
     for col in ("scenario", "status", *(f"{s} docs" for s in SPLITS), "cache key"):
@@ -115,7 +115,7 @@ def list_(as_json: bool) -> None:
     snapshot of the same recipe is), documents/bytes per split."""
     rows = list_rows()
     if as_json:
-        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+        click.echo(strict_json(rows, indent=2, sort_keys=True))
         return
     table = Table(title="drift data list")
     table.add_column("scenario")
@@ -150,7 +150,7 @@ def shift(scenarios: tuple[str, ...], split: str, as_json: bool) -> None:
     ref = ReferenceText.of(draft_training_documents())
     rows = {name: lexical_shift(documents(name, split), ref).to_json() for name in scenarios or scenario_names()}
     if as_json:
-        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+        click.echo(strict_json(rows, indent=2, sort_keys=True))
         return
     table = row_table(f"lexical shift of the {split} split vs the draft's training text",
                       ("scenario", "docs", "words", "word OOV", "bigrams seen", "unigram CE (nats)"))

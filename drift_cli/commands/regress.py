@@ -63,6 +63,7 @@ def check_pair_options(fn):
 def pin(methods, scenario, corpus, split, max_prompts, max_new_tokens, gamma, temperature, seed, dtype, out, as_json,
         zoo, draft, target, device) -> None:
     """Measure the pair's acceptance on a fixed regression stream and write a baseline."""
+    from drift_cli.atomic import check_output_target
     from drift_cli.regress import default_baseline_path, pin as run_pin, write_baseline
     from drift_cli.results import check_writable
 
@@ -73,7 +74,7 @@ def pin(methods, scenario, corpus, split, max_prompts, max_new_tokens, gamma, te
                         gamma=gamma, temperature=temperature, seed=seed, device=device, dtype=dtype)
     cfg.method_names()
     cfg.bench_config()
-    path = out or default_baseline_path(cfg)
+    path = check_output_target(out or default_baseline_path(cfg), "--out")
     check_writable(path.parent)
     with rich_progress() as progress:
         baseline = run_pin(cfg, ProgressCallback(progress))
@@ -99,7 +100,8 @@ def pin(methods, scenario, corpus, split, max_prompts, max_new_tokens, gamma, te
 def check(baseline_path, tolerance, out, as_json, zoo, draft, target, device) -> None:
     """Re-measure acceptance on the baseline's stream; exit 1 if it fell by more than the tolerance."""
     from drift_cli.regress import check as run_check, config_from_baseline, enforce, load_baseline
-    from drift_cli.results import atomic_write_json, check_writable
+    from drift_cli.atomic import atomic_write_json
+    from drift_cli.results import check_writable
 
     doc = load_baseline(baseline_path)
     cfg = config_from_baseline(doc, zoo, draft, target, device)

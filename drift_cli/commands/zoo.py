@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from drift_cli.atomic import strict_json
 from drift_cli.console import ProgressCallback, rich_progress, row_table
 from drift_cli.divergence import DIVERGENCES
 
@@ -36,7 +36,7 @@ def build(preset: str, offline_scenarios: tuple[str, ...], divergence: str, on_p
         offline = [ensure_offline_draft(preset, s, divergence, on_policy, progress=progress) for s in offline_scenarios]
     manifest = read_json(pair.root / "manifest.json")
     if as_json:
-        click.echo(json.dumps(manifest, indent=2, sort_keys=True))
+        click.echo(strict_json(manifest, indent=2, sort_keys=True))
         return
     out = Console()
     out.print(_manifest_table(manifest))
@@ -80,7 +80,7 @@ def list_(preset: str | None, as_json: bool) -> None:
 
     statuses = [zoo_status(p) for p in ([preset] if preset else preset_names())]
     if as_json:
-        click.echo(json.dumps(statuses, indent=2, sort_keys=True))
+        click.echo(strict_json(statuses, indent=2, sort_keys=True))
         return
     table = Table(title="drift zoo")
     for col in ("preset", "current recipe", "built", "target params", "draft params", "offline drafts"):
@@ -121,7 +121,7 @@ def shift(preset, scenarios, split, max_prompts, max_new_tokens, gamma, offline,
         report = shift_report(preset, tuple(scenarios) or ("indist",) + SHIFTED, split, max_prompts, gamma,
                               offline, max_new_tokens, progress)
     if as_json:
-        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        click.echo(strict_json(report, indent=2, sort_keys=True))
         return
     table = row_table(f"greedy acceptance, zoo '{preset}', {split} split, gamma={gamma}",
                       ("scenario", "alpha (base)", "gap vs indist", "token agreement", "alpha (offline)", "offline gain"))

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from drift_cli.results import atomic_write_bytes as write_atomic
+from drift_cli.atomic import atomic_write_bytes as write_atomic
 from drift_cli.scenarios.cleaning import content_sha256, normalise_text, normalised_sha256, truncate_at_line
 from drift_cli.scenarios.document import Document
 from drift_cli.scenarios.extractors import MissingSource, list_files, missing_source

@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-from drift_cli.results import atomic_write_bytes
+from drift_cli.atomic import atomic_write_json
 
 # Bump when the training or distillation code changes what a recipe produces.
 CODE_VERSION = 1
@@ -52,7 +52,7 @@ def documents_hash(docs) -> str:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write_json(path, obj, sort_keys=True)
 
 
 def read_json(path: Path) -> dict | None:
