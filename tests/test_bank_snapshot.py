@@ -270,6 +270,14 @@ INCONSISTENT = {
     "no draft fingerprint": lambda t, m: m.pop("draft_fingerprint"),
     "config not json": lambda t, m: m.update(config="lambda=0.6"),
     "no checksum key": lambda t, m: m.pop("drift_bank.checksum"),
+    # values no bank can hold (the checksum only proves the bytes are the writer's)
+    "NaN key": array_edit("keys", lambda a: np.where(np.arange(a.size).reshape(a.shape) == 5, np.nan, a)
+                          .astype(np.float32)),
+    "inf key fp16": array_edit("keys", lambda a: np.full(a.shape, np.inf, np.float16)),
+    "inf bias": array_edit("bias", lambda a: np.where(a > 0, np.inf, a).astype(np.float32)),
+    "NaN bias": array_edit("bias", lambda a: np.full_like(a, np.nan)),
+    "negative support id": array_edit("support", lambda a: -a - 1),
+    "negative count": array_edit("counts", lambda a: a - 3),
 }
 
 

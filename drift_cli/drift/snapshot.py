@@ -4,9 +4,10 @@ A snapshot holds one tenant bank: the books plus the arrays `keys` [N, d] (float
 when the bank's keys are fp16; bf16 keys are widened to float32 since numpy has no bf16),
 `support` [N, m] int64, `bias` [N, m] float32 and `counts` [N] int64; metadata
 `draft_fingerprint` and `config` (DriftConfig JSON). The Rust loader validates everything (format
-version, checksum, shapes, recency, tenants, draft fingerprint) and raises a typed
+version, checksum, shapes, values, recency, tenants, draft fingerprint) and raises a typed
 `SnapshotError`; this module turns those into one-line `BadInput`s and additionally refuses a
-snapshot whose N, d or m disagree with the run. Nothing is half-loaded: tensors are built only
+snapshot whose N, d or m disagree with the run, or whose support ids are not below the run's
+vocabulary size (the kernels index logits by them: nothing out of range ever reaches Rust). Nothing is half-loaded: tensors are built only
 after every check passed.
 """
 
@@ -51,14 +52,18 @@ def load_bank(path: Path, cfg: DriftConfig, dim: int, vocab: int, device, key_dt
               draft_fingerprint: str | None, backend: str = "auto") -> DriftBank:
     """Read and validate a snapshot into a new bank with the run's configuration."""
     mod = _bank_module()
-    if not path.is_file():
+    if not path.exists():
         raise BadInput(f"bank snapshot {path} does not exist")
+    if not path.is_file():
+        raise BadInput(f"bank snapshot {path} is not a regular file")
     try:
         books, arrays, meta = mod.load_snapshot(str(path), draft_fingerprint or None)
     except mod.SnapshotDraftMismatch as e:
         raise BadInput(f"bank snapshot {path} was made with a different draft model: {e}") from None
     except mod.SnapshotError as e:
         raise BadInput(f"bank snapshot {path} refused: {e}") from None
+    except OSError as e:
+        raise BadInput(f"bank snapshot {path}: {e.strerror or e}") from None
     keys, support, bias, counts = (arrays.get(name) for name in ("keys", "support", "bias", "counts"))
     if any(a is None for a in (keys, support, bias, counts)):
         raise BadInput(f"bank snapshot {path} lacks one of the arrays keys/support/bias/counts")
@@ -69,6 +74,9 @@ def load_bank(path: Path, cfg: DriftConfig, dim: int, vocab: int, device, key_dt
             saved = _saved_config(meta)
             raise BadInput(f"bank snapshot {path}: {name} has shape {tuple(arrays[name].shape)}, this run needs "
                            f"{shape} (snapshot config {saved}; match --bank-size/--support and the draft)")
+    if support.size and int(support.max()) >= vocab:
+        raise BadInput(f"bank snapshot {path} refused: support id {int(support.max())} is out of range for this "
+                       f"run's vocabulary of {vocab} tokens")
     tenants = list(books.tenants())
     with torch.inference_mode():
         bank = DriftBank(cfg, dim, vocab, device, key_dtype, tenant=tenants[0] if tenants else "default",

@@ -5,8 +5,11 @@
 //!
 //! Saving writes a temp file beside the target, fsyncs it, renames it over the target and fsyncs
 //! the directory. Loading reads the whole file and checks, in order: the safetensors structure,
-//! the format version, the checksum, the layout against the arrays, the books, the caller's
-//! metadata, the draft fingerprint. Nothing is returned unless every check passes.
+//! the format version, the checksum, the layout against the arrays, the array values (finite
+//! keys and biases, support ids and counts >= 0: a checksum only proves the bytes are the
+//! writer's), the books, the caller's metadata, the draft fingerprint. Nothing is returned unless
+//! every check passes. Only a regular file is read, and only a regular file (or nothing) is
+//! replaced by a save.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -342,6 +345,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         std::process::id(),
         TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
+    check_target(path)?;
     let written = (|| {
         let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
         f.write_all(bytes)?;
@@ -361,11 +365,37 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 
 // ---------------------------------------------------------------- loading
 
+/// A save may replace a regular file or create one, never a device node, FIFO, socket or directory.
+fn check_target(path: &Path) -> Result<()> {
+    match fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(BankError::SnapshotInput(format!(
+            "{} exists and is not a regular file; a snapshot is only written to a new or regular file",
+            path.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 pub fn load(path: &Path, expect_draft: Option<&str>) -> Result<Snapshot> {
-    let buffer = fs::read(path).map_err(|source| BankError::Io {
+    let io_err = |source| BankError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    // A FIFO would block for ever (even its open does) and /dev/zero never ends: look before
+    // opening, and read no more than the size the file system states. (A directory goes on to
+    // fail with the system's own "is a directory".)
+    let kind = fs::metadata(path).map_err(io_err)?.file_type();
+    if !kind.is_file() && !kind.is_dir() {
+        return Err(io_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    let file = File::open(path).map_err(io_err)?;
+    let size = file.metadata().map_err(io_err)?;
+    let mut buffer = Vec::with_capacity(size.len() as usize);
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, size.len()), &mut buffer)
+        .map_err(io_err)?;
     decode(buffer, expect_draft)
 }
 
@@ -422,6 +452,9 @@ pub fn decode(buffer: Vec<u8>, expect_draft: Option<&str>) -> Result<Snapshot> {
     let layout: Layout =
         serde_json::from_str(layout_json).map_err(|e| corrupt(format!("layout metadata: {e}")))?;
     let arrays = order_and_check_arrays(arrays, &layout)?;
+    for a in &arrays {
+        check_values(a, &buffer[a.range.clone()])?;
+    }
     let books_json = full
         .get(META_BOOKS)
         .ok_or_else(|| corrupt("no books metadata"))?;
@@ -462,6 +495,38 @@ fn check_version(meta: &BTreeMap<String, String>) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Values the kernels rely on: finite keys and biases, support ids and counts >= 0 (that ids
+/// are below the vocabulary size is the caller's check: the snapshot does not know the vocabulary).
+fn check_values(a: &LoadedArray, bytes: &[u8]) -> Result<()> {
+    let first_bad = match a.dtype {
+        ElementType::Float32 => bytes
+            .chunks_exact(4)
+            .position(|c| !f32::from_le_bytes(c.try_into().unwrap()).is_finite()),
+        ElementType::Float16 => bytes
+            .chunks_exact(2)
+            .position(|c| u16::from_le_bytes(c.try_into().unwrap()) & 0x7c00 == 0x7c00),
+        ElementType::Int32 => bytes
+            .chunks_exact(4)
+            .position(|c| i32::from_le_bytes(c.try_into().unwrap()) < 0),
+        ElementType::Int64 => bytes
+            .chunks_exact(8)
+            .position(|c| i64::from_le_bytes(c.try_into().unwrap()) < 0),
+    };
+    match first_bad {
+        None => Ok(()),
+        Some(i) => {
+            let rule = match a.dtype {
+                ElementType::Float32 | ElementType::Float16 => "must be finite",
+                _ => "must be >= 0",
+            };
+            Err(corrupt(format!(
+                "{} value #{i} {rule} (the checksum holds, but the values are not a bank's)",
+                a.name
+            )))
+        }
+    }
 }
 
 /// The four arrays in ROLES order, each with the element type and shape the layout states.

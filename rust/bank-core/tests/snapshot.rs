@@ -416,3 +416,63 @@ fn save_replaces_atomically_and_leaves_no_temp_files() {
     assert!(matches!(err, BankError::Io { .. }), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A snapshot whose checksum holds but whose values no bank could hold: NaN or inf keys and
+/// biases, negative support ids or counts. Each is refused as corrupt, naming the array.
+#[test]
+fn values_a_bank_cannot_hold_are_refused() {
+    let edits: [(&str, fn(&mut Arrays)); 5] = [
+        ("keys", |a| {
+            a.keys[0..4].copy_from_slice(&f32::NAN.to_le_bytes())
+        }),
+        ("keys", |a| {
+            a.keys[4..8].copy_from_slice(&f32::INFINITY.to_le_bytes())
+        }),
+        ("bias", |a| {
+            a.bias[8..12].copy_from_slice(&f32::NEG_INFINITY.to_le_bytes())
+        }),
+        ("support", |a| {
+            a.support[8..16].copy_from_slice(&(-1i64).to_le_bytes())
+        }),
+        ("counts", |a| {
+            a.counts[4..8].copy_from_slice(&(-3i32).to_le_bytes())
+        }),
+    ];
+    for (name, edit) in edits {
+        let mut a = arrays();
+        edit(&mut a);
+        let bytes = encode(&books(), &views(&a), &meta()).unwrap();
+        let err = decode(bytes, None).unwrap_err();
+        assert!(
+            matches!(err, BankError::SnapshotCorrupt(_)),
+            "{name}: {err}"
+        );
+        assert!(err.to_string().contains(name), "{name}: {err}");
+    }
+}
+
+/// Only regular files are read (a FIFO would block, /dev/zero never ends) and only a regular
+/// file or nothing is replaced by a save (never a directory or a device node).
+#[test]
+fn only_regular_files_are_read_or_replaced() {
+    let dir = temp_dir("regular");
+    let a = arrays();
+    let err = snapshot::load(&dir, None).unwrap_err();
+    assert!(matches!(err, BankError::Io { .. }), "{err}");
+    let err = snapshot::load(std::path::Path::new("/dev/zero"), None).unwrap_err();
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+    let err = snapshot::save(&dir, &books(), &views(&a), &meta()).unwrap_err();
+    assert!(matches!(err, BankError::SnapshotInput(_)), "{err}");
+    let fifo = dir.join("fifo.bank");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let err = snapshot::load(&fifo, None).unwrap_err(); // at once: the FIFO is never opened
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+    let err = snapshot::save(&fifo, &books(), &views(&a), &meta()).unwrap_err();
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+    assert!(!std::fs::metadata(&fifo).unwrap().file_type().is_file()); // still the FIFO
+    std::fs::remove_dir_all(&dir).ok();
+}
