@@ -200,34 +200,42 @@ def method_entries(names: list[str], explicit: bool = True) -> list[Entry]:
 def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: BenchConfig,
                 progress: Progress | None = None) -> tuple[dict[str, StreamRun], dict[str, str]]:
     """The one run loop (bench, ablate, analyze, suites): each entry on the stream, in order, under
-    the same timing conditions. Returns (runs, skipped: name -> reason)."""
+    the same timing conditions. Returns (runs, skipped: name -> reason).
+
+    A Ctrl-C or SIGTERM stops here, between entries as inside one: the runs that finished (and
+    the interrupted one, marked incomplete) come back, fewer than `entries`. With nothing
+    finished at all the interrupt propagates: there is nothing to write."""
     target = CausalLM(models.pair.target, "target")
     dcfg = decode_config(cfg, stream, models.pair.eos_id)
     ctx = models.context(stream.scenario, cfg)
-    warm_up(target, models, stream, dcfg)
     runs: dict[str, StreamRun] = {}
     skipped: dict[str, str] = {}
-    for entry in entries:
-        try:
-            policy = entry.build(ctx)
-        except BadInput as e:
-            if not entry.optional:
-                raise
-            skipped[entry.name] = str(e)
-            continue
-        label = f"{stream.scenario}/{entry.name}"
-        tick = (lambda done, total, label=label: progress(label, done, total)) if progress else None
-        # the models, tokenizer and stream live for the whole run: moving them out of the
-        # collector's generations keeps its periodic passes short (they land inside whatever
-        # span is timing, a method's adjust or update included)
-        gc.collect()
-        gc.freeze()
-        try:
-            runs[entry.name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
-        finally:
-            gc.unfreeze()   # collectable again (extensions that check for leaks at exit stay quiet)
-        if not runs[entry.name].complete:
-            break
+    try:
+        warm_up(target, models, stream, dcfg)
+        for entry in entries:
+            try:
+                policy = entry.build(ctx)
+            except BadInput as e:
+                if not entry.optional:
+                    raise
+                skipped[entry.name] = str(e)
+                continue
+            label = f"{stream.scenario}/{entry.name}"
+            tick = (lambda done, total, label=label: progress(label, done, total)) if progress else None
+            # the models, tokenizer and stream live for the whole run: moving them out of the
+            # collector's generations keeps its periodic passes short (they land inside whatever
+            # span is timing, a method's adjust or update included)
+            gc.collect()
+            gc.freeze()
+            try:
+                runs[entry.name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
+            finally:
+                gc.unfreeze()   # collectable again (extensions that check for leaks at exit stay quiet)
+            if not runs[entry.name].complete:
+                break
+    except KeyboardInterrupt:
+        if not runs:
+            raise
     return runs, skipped
 
 
@@ -308,10 +316,13 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
     control_runs: dict[str, StreamRun] = {}
     control = None
     if cfg.control and complete and cfg.corpus is None and stream.scenario != CONTROL_SCENARIO:
-        cstream = load_stream(cfg, models.pair.tokenizer, resolve_scenario(cfg, CONTROL_SCENARIO))
-        control_runs, _ = run_methods(["ar", "vanilla"], models, cstream, cfg, progress)
+        try:
+            cstream = load_stream(cfg, models.pair.tokenizer, resolve_scenario(cfg, CONTROL_SCENARIO))
+            control_runs, _ = run_methods(["ar", "vanilla"], models, cstream, cfg, progress)
+        except KeyboardInterrupt:   # nothing of the control finished; the main stream did
+            control_runs = {}
         control = summarise(control_runs, cfg)
-        complete = all(r.complete for r in control_runs.values())
+        complete = len(control_runs) == 2 and all(r.complete for r in control_runs.values())
 
     run = envelope(cfg, "+".join(n for n in names if n != "ar") or "ar", models, stream, runs, methods,
                    methods_run=list(runs), methods_skipped=skipped)

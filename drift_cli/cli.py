@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from drift_cli import interrupt
 from drift_cli.commands.ablate import ablate
 from drift_cli.commands.analyze import analyze
 from drift_cli.commands.bank import bank
@@ -54,7 +55,7 @@ def bench(scenario, corpus, methods, no_control, zoo, draft, target, device, dty
     else:
         render_run(run, stdout_console(), str(path))
     if not run["complete"]:
-        sys.exit(130)
+        sys.exit(interrupt.exit_code())
 
 
 @cli.command()
@@ -83,7 +84,8 @@ def report(run_dirs, as_json, out) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: maps BadInput and usage errors to one line + exit 2."""
+    """Entry point: maps BadInput and usage errors to one line + exit 2; signals to 130/143."""
+    interrupt.install()
     quiet_libraries()
     try:
         rv = cli.main(args=argv, standalone_mode=False)
@@ -93,9 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.UsageError as e:
         err_console.print(f"error: {e.format_message()}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except click.exceptions.Abort:
-        err_console.print("aborted")
-        sys.exit(130)
+    except click.exceptions.Abort:   # Click's name for a KeyboardInterrupt (SIGINT or SIGTERM)
+        err_console.print("interrupted")
+        sys.exit(interrupt.exit_code())
     except (BadInput, CheckFailed) as e:
         err_console.print(f"error: {e}", highlight=False, soft_wrap=True, markup=False)
         sys.exit(e.exit_code)
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted")
-        sys.exit(130)
+        sys.exit(interrupt.exit_code())
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

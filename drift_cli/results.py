@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, TypedDict
 
+from drift_cli import interrupt
 from drift_cli.atomic import strict_json
 from drift_cli.errors import BadInput
 
@@ -97,8 +98,15 @@ def check_writable(out: Path) -> Path:
 
 
 def write_run(out_root: Path, run: RunJson, steps: Iterable[dict], plots: bool = True) -> Path:
-    """Write one run directory atomically; returns its final path."""
-    final = Path(out_root) / run["scenario"] / run["run_id"]
+    """Write one run directory atomically; returns its final path.
+
+    SIGINT/SIGTERM are held until it is done (`interrupt.deferred`): a finished run is written
+    whole, and the signal is raised after."""
+    with interrupt.deferred():
+        return _write_run(Path(out_root) / run["scenario"] / run["run_id"], run, steps, plots)
+
+
+def _write_run(final: Path, run: RunJson, steps: Iterable[dict], plots: bool) -> Path:
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{run['run_id']}.", suffix=".tmp"))

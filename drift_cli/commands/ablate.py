@@ -18,6 +18,7 @@ import click
 from drift_cli import knobs
 from drift_cli.commands.options import decode_options, drift_options, model_options
 from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
+from drift_cli import interrupt
 from drift_cli.errors import BadInput
 from drift_cli.drift.config import DriftConfig, DriftFiles
 from drift_cli.methods.drift import DriftMethod
@@ -205,4 +206,4 @@ def ablate(axis, values, scenario, corpus, as_json, **opts) -> None:
         console.print(f"→ {path}")
         console.print(ablation_table(run))
     if not run["complete"]:
-        sys.exit(130)
+        sys.exit(interrupt.exit_code())

@@ -21,6 +21,7 @@ import torch
 
 from drift_cli.commands.options import decode_options, drift_options, model_options
 from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
+from drift_cli import interrupt
 from drift_cli.errors import BadInput
 from drift_cli.methods.base import Feedback
 from drift_cli.methods.drift import DriftMethod
@@ -206,4 +207,4 @@ def residuals(scenario, corpus, max_residuals, with_drift, as_json, **opts) -> N
         for t in analysis_tables(run):
             console.print(t)
     if not run["complete"]:
-        sys.exit(130)
+        sys.exit(interrupt.exit_code())

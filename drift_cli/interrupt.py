@@ -1,0 +1,61 @@
+"""Ctrl-C and SIGTERM, in one place.
+
+SIGTERM (what schedulers, containers and CI runners send) is treated like Ctrl-C: both raise a
+`KeyboardInterrupt` (`Terminated` for SIGTERM) where the program is, so a run stops the stream
+it is in, keeps what finished and writes it marked `"complete": false`. The exit status is
+128 + the signal: 130 for SIGINT, 143 for SIGTERM. `deferred()` holds both signals while the
+final write runs, so that a finished run is never lost to a late Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from typing import Iterator
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_received: list[int] = []   # the signals received so far, in order
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Python raises KeyboardInterrupt for SIGINT."""
+
+
+def _raise(signum: int) -> None:
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _on_signal(signum: int, frame) -> None:
+    _received.append(signum)
+    _raise(signum)
+
+
+def install() -> None:
+    """Route SIGINT and SIGTERM to `_on_signal` (main thread only; a no-op elsewhere)."""
+    with contextlib.suppress(ValueError):   # not the main thread (e.g. a test runner's worker)
+        for s in SIGNALS:
+            signal.signal(s, _on_signal)
+
+
+def exit_code() -> int:
+    """128 + the last signal received; 130 (SIGINT) when none was (e.g. an interrupted prompt)."""
+    return 128 + (_received[-1] if _received else signal.SIGINT)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block is done, then raise the first one that came."""
+    pending: list[int] = []
+    try:
+        previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in SIGNALS}
+    except ValueError:   # not the main thread: signals cannot arrive here anyway
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if pending:
+        _received.append(pending[0])
+        _raise(pending[0])
