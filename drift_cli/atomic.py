@@ -5,6 +5,8 @@
   `Infinity` ever reaches a file or stdout.
 - `check_output_target`: an output path may name a regular file or nothing. A device node, FIFO,
   socket or directory is refused (`BadInput`), so that a rename never replaces one.
+- `cache_dir`: `$DRIFT_CACHE_DIR/<part>` (default `~/.cache/drift-bench`), refused when the
+  variable names something that is not a directory.
 - `atomic_write_bytes` / `atomic_write_json`: temp file beside the target, fsync, rename. The
   target check runs first, and a failing file system (full disk, read-only, permissions) is one
   `BadInput` line with nothing left behind.
@@ -41,6 +43,14 @@ def _finite(x: Any) -> Any:
 def strict_json(obj: Any, indent: int | None = None, sort_keys: bool = False) -> str:
     """Strict JSON text of `obj` (non-finite floats -> null)."""
     return json.dumps(_finite(obj), indent=indent, sort_keys=sort_keys, allow_nan=False)
+
+
+def cache_dir(part: str) -> Path:
+    """The cache directory for `part` (zoo, scenarios); BadInput when DRIFT_CACHE_DIR is not a directory."""
+    base = Path(os.environ.get("DRIFT_CACHE_DIR") or "~/.cache/drift-bench").expanduser()
+    if base.exists() and not base.is_dir():
+        raise BadInput(f"DRIFT_CACHE_DIR {base} is not a directory")
+    return base / part
 
 
 def check_output_target(path: Path, flag: str = "output") -> Path:

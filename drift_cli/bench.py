@@ -8,6 +8,8 @@ files from `drift_cli.results`.
 from __future__ import annotations
 
 import gc
+import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -20,7 +22,8 @@ from drift_cli.engine.loop import DecodeConfig, StreamRun, run_stream
 from drift_cli.errors import BadInput
 from drift_cli.methods import METHODS, resolve_methods, settings_classes
 from drift_cli.methods.base import MethodContext
-from drift_cli.models import Pair, check_same_tokenizer, checkpoint_dir, load_model, load_pair, load_tokenizer
+from drift_cli.models import (Pair, check_same_tokenizer, checkpoint_dir, load_model, load_pair, load_tokenizer,
+                              parse_device)
 from drift_cli.results import SCHEMA_VERSION, RunJson, environment, new_run_id
 from drift_cli.stream import Stream
 
@@ -55,8 +58,10 @@ class BenchConfig:
             raise BadInput("give exactly one of --scenario NAME or --corpus PATH")
         if self.gamma < 1:
             raise BadInput(f"--gamma must be at least 1 (got {self.gamma})")
-        if self.temperature < 0:
-            raise BadInput(f"--temperature must be >= 0 (got {self.temperature})")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise BadInput(f"--temperature must be >= 0 and finite (got {self.temperature})")
+        if not 0 <= self.seed < 2**63:
+            raise BadInput(f"--seed must be in [0, 2^63) (got {self.seed})")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise BadInput(f"--top-p must be in (0, 1] (got {self.top_p})")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
@@ -69,6 +74,8 @@ class BenchConfig:
             raise BadInput(f"--threads must be at least 1 (got {self.threads})")
         if (self.draft is None) != (self.target is None):
             raise BadInput("give both --draft and --target, or neither (then --zoo is used)")
+        parse_device(self.device_name)
+        check_bank_options(self)
         self.configs()
 
     def configs(self) -> dict[type, Any]:
@@ -122,6 +129,34 @@ class Models:
             resolve_offline=resolve_offline,
             load_draft=load_draft,
         )
+
+
+def check_bank_options(cfg: BenchConfig) -> None:
+    """--bank-in/--bank-out need the drift method; --bank-out must name a new or regular file."""
+    from drift_cli.atomic import check_output_target
+    from drift_cli.methods import resolve_methods
+
+    bank_in, bank_out = cfg.options.get("bank_in"), cfg.options.get("bank_out")
+    if (bank_in is not None or bank_out is not None) and "drift" not in resolve_methods(cfg.methods):
+        flag = "--bank-out" if bank_out is not None else "--bank-in"
+        raise BadInput(f"{flag} is only used by the drift method, which --methods {cfg.methods} does not run")
+    if bank_out is not None and not Path(bank_out).is_dir():   # a directory holds one file per tenant
+        check_output_target(Path(bank_out), "--bank-out")
+        parent = Path(bank_out).parent
+        if parent.exists() and not os.access(parent, os.W_OK):
+            raise BadInput(f"--bank-out {bank_out}: directory {parent} is not writable")
+
+
+def check_context(models: Models, stream: Stream, cfg: BenchConfig) -> None:
+    """Prompt + --max-new-tokens, and --gamma, within both models' positions (no silent overrun)."""
+    positions = min(getattr(m.config, "max_position_embeddings", None) or math.inf
+                    for m in (models.pair.draft, models.pair.target))
+    longest = max(len(p.ids) for p in stream.prompts)
+    if longest + stream.max_new_tokens > positions:
+        raise BadInput(f"the longest prompt ({longest} tokens) plus --max-new-tokens {stream.max_new_tokens} "
+                       f"exceeds the models' context of {positions} positions")
+    if cfg.gamma > positions:
+        raise BadInput(f"--gamma {cfg.gamma} exceeds the models' context of {positions} positions")
 
 
 def set_threads(cfg: BenchConfig) -> None:
@@ -205,6 +240,7 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
     A Ctrl-C or SIGTERM stops here, between entries as inside one: the runs that finished (and
     the interrupted one, marked incomplete) come back, fewer than `entries`. With nothing
     finished at all the interrupt propagates: there is nothing to write."""
+    check_context(models, stream, cfg)
     target = CausalLM(models.pair.target, "target")
     dcfg = decode_config(cfg, stream, models.pair.eos_id)
     ctx = models.context(stream.scenario, cfg)

@@ -50,6 +50,9 @@ def bench(scenario, corpus, methods, no_control, zoo, draft, target, device, dty
     with rich_progress() as progress:
         run, steps = run_bench(cfg, ProgressCallback(progress))
     path = write_run(out, run, steps)
+    bank_error = run["methods"].get("drift", {}).get("report", {}).get("bank_out_error")
+    if bank_error:
+        raise BadInput(f"{bank_error} (the run itself was written to {path})")
     if as_json:
         emit(run, True)
     else:

@@ -110,12 +110,17 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def parse_device(name: str) -> torch.device:
+    """cpu, cuda or cuda:N (an existing GPU); anything else is BadInput."""
     try:
         dev = torch.device(name)
-    except RuntimeError as e:
-        raise BadInput(f"bad device '{name}': {e}") from e
+    except (RuntimeError, TypeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise BadInput(f"--device must be cpu, cuda, cuda:N or auto (got '{name}')")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise BadInput(f"device '{name}' requested but CUDA is not available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise BadInput(f"device '{name}' requested but there are {torch.cuda.device_count()} CUDA devices")
     return dev
 
 

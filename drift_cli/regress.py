@@ -60,14 +60,12 @@ class RegressConfig:
     def method_names(self) -> list[str]:
         from drift_cli.methods import resolve_methods
 
-        names = resolve_methods(self.methods)      # did-you-mean on unknown names
-        if not names:
-            raise BadInput("--methods is empty; give vanilla or vanilla,drift")
+        names = resolve_methods(self.methods)      # did-you-mean on unknown names, empty lists, repeats
         for n in names:
             if n not in GATED_METHODS:
                 raise BadInput(f"method '{n}' cannot be gated: its acceptance does not depend on the "
                                f"draft/target pair; choose from {', '.join(GATED_METHODS)}")
-        return list(dict.fromkeys(names))
+        return names
 
     def bench_config(self) -> BenchConfig:
         cfg = BenchConfig(scenario=self.scenario, corpus=self.corpus, methods=self.methods,
@@ -233,9 +231,11 @@ def load_baseline(path: Path) -> dict:
     if not p.is_file():
         raise BadInput(f"baseline {p} not found (create one with `drift regress pin --out {p}`)")
     try:
-        doc = json.loads(p.read_text())
+        doc = json.loads(p.read_text(), parse_constant=_refuse_non_finite)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadInput(f"baseline {p} is not valid JSON ({e}); re-pin it with `drift regress pin`") from e
+    except ValueError as e:   # NaN or Infinity: the gate could no longer fail
+        raise BadInput(f"baseline {p} holds a non-finite figure ({e}); re-pin it with `drift regress pin`") from None
     kind = doc.get("kind") if isinstance(doc, dict) else None
     if kind != BASELINE_KIND:
         raise BadInput(f"{p} is not a drift regress baseline (kind {kind!r}, expected {BASELINE_KIND!r})")
@@ -248,7 +248,14 @@ def load_baseline(path: Path) -> dict:
     if not doc["methods"] or any(not isinstance(m, dict) or not isinstance(m.get("acceptance_rate"), (int, float))
                                  for m in doc["methods"].values()):
         raise BadInput(f"baseline {p} is incomplete: no measured acceptance per method")
+    for name, m in doc["methods"].items():
+        if not 0 <= m["acceptance_rate"] <= 1:
+            raise BadInput(f"baseline {p}: acceptance_rate of {name} is {m['acceptance_rate']}, not in [0, 1]")
     return doc
+
+
+def _refuse_non_finite(constant: str):
+    raise ValueError(f"{constant} is not a number JSON allows")
 
 
 def config_from_baseline(doc: dict, zoo: str | None = None, draft: str | None = None, target: str | None = None,

@@ -44,8 +44,12 @@ def snapshot_arrays(bank: DriftBank) -> dict[str, np.ndarray]:
 def save_bank(bank: DriftBank, path: Path, draft_fingerprint: str | None) -> None:
     """Write one bank atomically (the Rust writer: temp file, fsync, rename)."""
     meta = {"draft_fingerprint": draft_fingerprint or "", "config": bank.cfg.to_json()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _bank_module().save_snapshot(str(path), bank.books, snapshot_arrays(bank), meta)
+    mod = _bank_module()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mod.save_snapshot(str(path), bank.books, snapshot_arrays(bank), meta)
+    except (mod.SnapshotError, OSError) as e:
+        raise BadInput(f"--bank-out {path} not written: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
 
 
 def load_bank(path: Path, cfg: DriftConfig, dim: int, vocab: int, device, key_dtype: torch.dtype,

@@ -23,6 +23,7 @@ from drift_cli.methods.osd import OnlineDistillation
 from drift_cli.methods.pld import PromptLookup
 from drift_cli.methods.suffix import SuffixDecoding
 from drift_cli.methods.vanilla import Vanilla
+from drift_cli.errors import BadInput
 from drift_cli.registry import Registry
 
 METHODS: Registry[type[DraftPolicy]] = Registry("method")
@@ -54,12 +55,18 @@ load_plugins()
 
 
 def resolve_methods(spec: str) -> list[str]:
-    """'all' or a comma-separated list -> validated method names (BadInput on unknown names)."""
+    """'all' or a comma-separated list -> validated method names (BadInput on unknown names, an
+    empty list or a name given twice)."""
     if spec.strip() == "all":
         return METHODS.names()
     names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise BadInput(f"--methods {spec!r} names no method; give 'all' or a comma-separated list such as vanilla,drift")
     for n in names:
         METHODS[n]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise BadInput(f"--methods names {', '.join(twice)} more than once")
     return names
 
 

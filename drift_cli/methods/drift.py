@@ -68,6 +68,7 @@ class DriftMethod(ModelDraftPolicy):
         self.shadows: dict[str, DraftShadow] = {}
         self._pending: list[Neighbours | None] = []
         self._saved = False
+        self._save_error: str | None = None
         if bank_in is not None and not bank_in.exists():
             raise BadInput(f"--bank-in {bank_in} does not exist")
 
@@ -88,7 +89,7 @@ class DriftMethod(ModelDraftPolicy):
                              tenant=tenant, books=books, backend=self.backend)
 
     def begin_stream(self) -> None:
-        self.banks, self.bank, self._saved = {}, None, False
+        self.banks, self.bank, self._saved, self._save_error = {}, None, False, None
         self.keymaps, self.shadows = {}, {}
         if self.bank_in is not None:
             for tenant, path in snapshot_files(self.bank_in).items():
@@ -212,9 +213,13 @@ class DriftMethod(ModelDraftPolicy):
     # -- figures -------------------------------------------------------------------------------
 
     def end_stream(self) -> None:
-        """Saves `--bank-out` once per stream."""
+        """Saves `--bank-out` once per stream. A failed save does not cost the run: it is reported
+        (`bank_out_error`) and the command fails after writing run.json."""
         if self.bank_out is not None and not self._saved and self.banks:
-            save_banks(self.banks, self.bank_out, self.fingerprint)
+            try:
+                save_banks(self.banks, self.bank_out, self.fingerprint)
+            except BadInput as e:
+                self._save_error = str(e)
             self._saved = True
 
     def report(self) -> dict[str, Any]:
@@ -231,6 +236,8 @@ class DriftMethod(ModelDraftPolicy):
             "allocations": sum(bank.totals.allocated for bank in self.banks.values()),
             "evictions": sum(bank.totals.evicted for bank in self.banks.values()),
         }
+        if self._save_error is not None:
+            out["bank_out_error"] = self._save_error
         if self.target_keyed:   # the maps (XᵀX, XᵀY, W) and shadows [N, d_draft], included above
             out["key_map"] = {"memory_bytes": key_map_bytes,
                               "tenants": {name: m.stats() for name, m in self.keymaps.items()}}

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from drift_cli.atomic import atomic_write_bytes as write_atomic
+from drift_cli.atomic import atomic_write_bytes as write_atomic, cache_dir
 from drift_cli.scenarios.cleaning import content_sha256, normalise_text, normalised_sha256, truncate_at_line
 from drift_cli.scenarios.document import Document
 from drift_cli.scenarios.extractors import MissingSource, list_files, missing_source
@@ -32,8 +32,7 @@ EXTRACTION_VERSION = 3
 
 
 def cache_root() -> Path:
-    base = os.environ.get("DRIFT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "drift-bench")
-    return Path(base) / "scenarios"
+    return cache_dir("scenarios")
 
 
 def _sha256_hex(data: bytes) -> str:

@@ -197,9 +197,16 @@ def _pair(preset: ZooPreset, root: Path) -> ZooPair:
     return ZooPair(preset.name, root, root / "tokenizer", root / "target", root / "draft")
 
 
-def _is_built(root: Path, root_hash: str) -> bool:
+def _is_built(root: Path, root_hash: str, recipes: dict) -> bool:
+    """The manifest matches the recipe (its hash and every component's) and the components are in
+    place; a damaged or edited manifest is rebuilt (components that still match are reused)."""
     manifest = cache.read_json(root / "manifest.json")
-    return manifest is not None and manifest.get("hash") == root_hash
+    if manifest is None or manifest.get("hash") != root_hash:
+        return False
+    recipe = manifest.get("recipe")
+    components = recipe.get("components") if isinstance(recipe, dict) else None
+    return components == {k: recipes[k]["hash"] for k in COMPONENTS} and \
+        all(cache.component_matches(root / k, recipes[k]["hash"]) for k in COMPONENTS)
 
 
 def ensure_zoo(preset: str = "small", progress: Progress | None = None) -> ZooPair:
@@ -212,10 +219,10 @@ def ensure_zoo(preset: str = "small", progress: Progress | None = None) -> ZooPa
     target_docs, draft_docs = _training_documents()
     recipes = base_recipes(p, cache.documents_hash(target_docs), cache.documents_hash(draft_docs))
     root, root_hash = root_for(p, recipes)
-    if _is_built(root, root_hash):
+    if _is_built(root, root_hash, recipes):
         return _pair(p, root)
     with cache.build_lock(p.name), cpu_threads():
-        if _is_built(root, root_hash):          # another process finished it while we waited
+        if _is_built(root, root_hash, recipes):          # another process finished it while we waited
             return _pair(p, root)
         start = time.perf_counter()
         _ensure_component(p, root, "tokenizer", recipes["tokenizer"],

@@ -22,14 +22,15 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-from drift_cli.atomic import atomic_write_json
+from drift_cli.atomic import atomic_write_json, cache_dir
+from drift_cli.errors import BadInput
 
 # Bump when the training or distillation code changes what a recipe produces.
 CODE_VERSION = 1
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("DRIFT_CACHE_DIR", "~/.cache/drift-bench")).expanduser() / "zoo"
+    return cache_dir("zoo")
 
 
 def offline_name(scenario: str, divergence: str, on_policy: bool) -> str:
@@ -56,10 +57,12 @@ def write_json_atomic(path: Path, obj) -> None:
 
 
 def read_json(path: Path) -> dict | None:
+    """The JSON object at `path`; None when it is missing, unreadable, not JSON or not an object."""
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 def component_matches(directory: Path, recipe_hash_: str) -> bool:
@@ -135,8 +138,13 @@ def find_built_component(preset: str, component: str, hash_: str, exclude: Path)
 def build_lock(name: str) -> Iterator[None]:
     """An exclusive lock so that two processes never build the same preset at once."""
     root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.lock", "w") as fh:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fh = open(root / f".{name}.lock", "w")
+    except OSError as e:
+        raise BadInput(f"cannot build into the cache {root} (set DRIFT_CACHE_DIR to a writable directory): "
+                       f"{e.strerror or e}") from None
+    with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
