@@ -62,9 +62,12 @@ def text_chunks(spec: SourceSpec, files: list[Path]) -> Iterator[RawDoc]:
 
 def corpus_scenario(path: str | Path, defaults: dict | None = None, name: str | None = None,
                     text_field: str = "text", chunk_chars: int = 2000, min_doc_chars: int = 200) -> Scenario:
-    p = Path(path).expanduser().resolve()
-    if not p.exists():
-        raise BadInput(f"--corpus {path}: no such file or directory")
+    try:
+        p = Path(path).expanduser().resolve(strict=True)
+    except FileNotFoundError:
+        raise BadInput(f"--corpus {path}: no such file or directory") from None
+    except (OSError, RuntimeError) as e:   # a symlink loop (RuntimeError before Python 3.13)
+        raise BadInput(f"--corpus {path}: {getattr(e, 'strerror', None) or e}") from None
     stream_table = merge_tables((defaults or {}).get("stream", {}), {})
     spec = SourceSpec(
         id="corpus", extractor="text_chunks", package="", licence="user-supplied",
