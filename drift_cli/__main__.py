@@ -1,11 +1,17 @@
 """The `drift` command (and `python -m drift_cli`): signal handlers first, then the slow imports.
 
-The command modules import torch (about a second and a half); a Ctrl-C or SIGTERM during those
-imports is one line ("interrupted") and exit 130 or 143, never a KeyboardInterrupt traceback.
+The command modules import torch and transformers (two to three seconds). They are imported with
+SIGINT/SIGTERM held (`interrupt.deferred`), so a Ctrl-C or SIGTERM then is one line
+("interrupted") and exit 130 or 143 once they are in, never a KeyboardInterrupt traceback. Triton
+is imported in the same block where it is installed: its C++ import calls back into Python, and a
+KeyboardInterrupt raised inside such a callback aborts the process (`terminate called after
+throwing an instance of 'nanobind::python_error'`); torch would import it later anyway, while a
+model loads (transformers -> torch._dynamo -> triton).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from drift_cli import interrupt
@@ -14,11 +20,18 @@ from drift_cli import interrupt
 def main() -> None:
     interrupt.install()
     try:
-        from drift_cli.cli import main as cli_main
+        with interrupt.deferred():
+            from drift_cli.cli import main as cli_main
+
+            with contextlib.suppress(Exception):
+                import triton  # noqa: F401
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(interrupt.exit_code())
-    cli_main()
+    try:
+        cli_main()
+    finally:
+        interrupt.ignore()
 
 
 if __name__ == "__main__":

@@ -108,14 +108,17 @@ def save_snapshot(
     arrays: exactly `keys` [N, d] float32|float16, `support` [N, m] int32|int64,
     `bias` [N, m] float32, `counts` [N] int32|int64, with N == books.capacity.
     meta: must hold `draft_fingerprint` and `config` (a JSON document); keys starting with
-    `drift_bank.` are reserved. SnapshotError for input that cannot be saved, OSError for I/O.
+    `drift_bank.` are reserved. SnapshotError for input that cannot be saved or a target that
+    exists and is not a regular file (never replaced), OSError for I/O.
     """
 
 def load_snapshot(
     path: str | bytes | os.PathLike[str], expect_draft: str | None = None
 ) -> tuple[Books, dict[str, npt.NDArray[numpy.generic]], dict[str, str]]:
-    """(books, arrays, meta) after checking everything; SnapshotCorrupt, SnapshotVersionError
-    or SnapshotDraftMismatch otherwise (FileNotFoundError / OSError for I/O)."""
+    """(books, arrays, meta) after checking everything, the values too (finite keys and biases,
+    support ids and counts >= 0); SnapshotCorrupt, SnapshotVersionError or SnapshotDraftMismatch
+    otherwise (FileNotFoundError / OSError for I/O, and for a path that is not a regular file,
+    refused before it is opened)."""
 
 def read_snapshot_summary(path: str | bytes | os.PathLike[str]) -> dict[str, object]:
     """A checked snapshot's summary: format_version, file_bytes, header_bytes, array_bytes,

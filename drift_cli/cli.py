@@ -58,7 +58,7 @@ def bench(scenario, corpus, methods, no_control, zoo, draft, target, device, dty
     else:
         render_run(run, stdout_console(), str(path))
     if not run["complete"]:
-        sys.exit(interrupt.exit_code())
+        interrupt.exit_incomplete(path)
 
 
 @cli.command()
@@ -75,9 +75,7 @@ def report(run_dirs, as_json, out) -> None:
     if out is not None:
         check_writable(out)
         for d, run in zip(run_dirs, runs, strict=True):
-            target = Path(out) / Path(d).name
-            target.mkdir(parents=True, exist_ok=True)
-            plot_run(run, target)
+            plot_run(run, check_writable(Path(out) / Path(d).name))
     if as_json:
         emit(runs, True)  # type: ignore[arg-type]
         return

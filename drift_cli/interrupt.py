@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from typing import Iterator
+import sys
+from pathlib import Path
+from typing import Iterator, NoReturn
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _received: list[int] = []   # the signals received so far, in order
@@ -37,9 +39,22 @@ def install() -> None:
             signal.signal(s, _on_signal)
 
 
+def ignore() -> None:
+    """At process exit, the work done: a late signal must not kill the interpreter's shutdown
+    (Python restores the default handlers while it finalises, but leaves ignored ones alone)."""
+    for s in SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
 def exit_code() -> int:
     """128 + the last signal received; 130 (SIGINT) when none was (e.g. an interrupted prompt)."""
     return 128 + (_received[-1] if _received else signal.SIGINT)
+
+
+def exit_incomplete(path: Path | str) -> NoReturn:
+    """After writing an interrupted run: one line on stderr, exit 128 + the signal."""
+    print(f"interrupted: what finished was written to {path} (\"complete\": false)", file=sys.stderr)
+    sys.exit(exit_code())
 
 
 @contextlib.contextmanager

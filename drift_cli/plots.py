@@ -31,7 +31,8 @@ def plot_alpha_curves(run: dict, path: Path) -> None:
     ax.set_ylabel("acceptance rate (windowed)")
     ax.set_ylim(0, 1)
     ax.set_title(f"{run['scenario']} ({run['split']}): acceptance over the stream")
-    ax.legend()
+    if ax.get_legend_handles_labels()[1]:   # an interrupted run may have no drafting method yet
+        ax.legend()
     fig.tight_layout()
     save_figure(fig, path)
 

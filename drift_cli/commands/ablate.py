@@ -9,7 +9,6 @@ run.json; `--json` prints run.json.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -206,4 +205,4 @@ def ablate(axis, values, scenario, corpus, as_json, **opts) -> None:
         console.print(f"→ {path}")
         console.print(ablation_table(run))
     if not run["complete"]:
-        sys.exit(interrupt.exit_code())
+        interrupt.exit_incomplete(path)

@@ -13,7 +13,6 @@ methods: where DRIFT helps and where not. Saved like a bench run, plus `residual
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import click
@@ -207,4 +206,4 @@ def residuals(scenario, corpus, max_residuals, with_drift, as_json, **opts) -> N
         for t in analysis_tables(run):
             console.print(t)
     if not run["complete"]:
-        sys.exit(interrupt.exit_code())
+        interrupt.exit_incomplete(path)

@@ -1,0 +1,412 @@
+"""Re-run every case of issue 14 ("hostile input and faults") on the micro zoo and count them.
+
+    OMP_NUM_THREADS=1 python scripts/hostile_cases.py [--json REPORT.json] [--only SUBSTRING]
+
+Each case is a real `drift` process (micro zoo, --max-prompts 2 --max-new-tokens 16) in a temp
+directory; it records the exit code, the stderr lines, whether a traceback or a Rust panic was
+printed, whether it hung (no exit within 180 s) and whether a file was lost (a device node or
+FIFO replaced, a finished run without its run.json, a snapshot half-written). Needs root for
+mknod and tmpfs mounts (full and read-only disks); cases that need them are skipped otherwise.
+Cases marked `issue 13` are the method flags another change validates; they are run and counted
+separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parent.parent
+DRIFT = [sys.executable, "-m", "drift_cli"]
+SMALL = ["--zoo", "micro", "--max-prompts", "2", "--max-new-tokens", "16"]
+HANG_S = 180
+
+
+@dataclass
+class Case:
+    name: str
+    argv: Callable[["Box"], list[str]]
+    expect: str = "exit2"             # exit2 | ok | signal
+    owner: str = "issue 14"
+    setup: Callable[["Box"], None] | None = None
+    lost: Callable[["Box", "Result"], str | None] | None = None   # a description of what was lost, or None
+    env: Callable[["Box"], dict] | None = None
+    send: tuple[int, float] | None = None                          # (signal, seconds after start)
+    needs_root: bool = False
+
+
+@dataclass
+class Result:
+    rc: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    hung: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+class Box:
+    """The temp directory of one case, with helpers to make hostile files in it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.out = root / "runs"
+        self.mounts: list[Path] = []
+
+    def p(self, name: str) -> Path:
+        return self.root / name
+
+    def device(self, name: str = "full") -> Path:
+        path = self.p(name)
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 7))   # like /dev/full
+        return path
+
+    def fifo(self, name: str = "fifo") -> Path:
+        os.mkfifo(self.p(name))
+        return self.p(name)
+
+    def tmpfs(self, name: str, options: str) -> Path:
+        path = self.p(name)
+        path.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
+        self.mounts.append(path)
+        return path
+
+    def cleanup(self) -> None:
+        for m in self.mounts:
+            subprocess.run(["umount", str(m)], check=False)
+
+
+def run_case(case: Case, box: Box) -> Result:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(case.env(box) if case.env else {})}
+    argv = DRIFT + [str(a) for a in case.argv(box)]
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, cwd=box.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if case.send:
+        sig, delay = case.send
+        time.sleep(delay)
+        p.send_signal(sig)
+    try:
+        out, err = p.communicate(timeout=HANG_S)
+        return Result(p.returncode, out, err, time.perf_counter() - t0)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        return Result(None, out, err, time.perf_counter() - t0, hung=True)
+
+
+# ---------------------------------------------------------------- what "lost" means per case
+
+def _run_jsons(box: Box) -> list[dict]:
+    return [json.loads((d / "run.json").read_text()) for d in sorted(box.out.glob("*/*"))
+            if d.is_dir() and not d.name.startswith(".")] if box.out.exists() else []
+
+
+def node_intact(name: str, kind: int = stat.S_IFCHR):
+    def check(box: Box, r: Result) -> str | None:
+        return None if stat.S_IFMT(os.stat(box.p(name)).st_mode) == kind else f"{name} was replaced"
+    return check
+
+
+def run_written(box: Box, r: Result) -> str | None:
+    return None if _run_jsons(box) else "the finished run has no run.json"
+
+
+def signal_outcome(box: Box, r: Result) -> str | None:
+    runs = _run_jsons(box)
+    temps = [d for d in box.out.glob("*/.*")] if box.out.exists() else []
+    if temps:
+        return f"temporaries left: {temps}"
+    if r.rc == 143 and not runs and "interrupted" in r.stderr and r.seconds > 8:
+        return "SIGTERM after methods finished wrote nothing"
+    return None
+
+
+# ---------------------------------------------------------------- fixtures shared by several cases
+
+_SHARED: dict[str, Path] = {}
+
+
+def shared(name: str) -> Path:
+    return _SHARED[name]
+
+
+def make_shared(root: Path) -> None:
+    """A real snapshot and a real baseline of the micro zoo (made once)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    snap, base = root / "bank.safetensors", root / "baseline.json"
+    subprocess.run(DRIFT + ["bench", *SMALL, "--methods", "drift", "--no-control", "--out", str(root / "runs"),
+                            "--bank-out", str(snap)], env=env, check=True, capture_output=True)
+    subprocess.run(DRIFT + ["regress", "pin", "--zoo", "micro", "--max-prompts", "2", "--max-new-tokens", "16",
+                            "--out", str(base)], env=env, check=True, capture_output=True)
+    _SHARED.update(snapshot=snap, baseline=base)
+
+
+def edited_snapshot(box: Box, name: str, fn) -> Path:
+    """The shared snapshot with one array edited and the checksum made valid again."""
+    sys.path.insert(0, str(REPO))
+    from safetensors import safe_open
+    from safetensors.numpy import save as st_save
+
+    from tests.test_bank_snapshot import checksum
+
+    with safe_open(str(shared("snapshot")), "np") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata())
+    tensors[name] = fn(tensors[name].copy())
+    meta["drift_bank.checksum"] = checksum(tensors, meta)
+    out = box.p("edited.safetensors")
+    out.write_bytes(st_save(tensors, metadata=meta))
+    return out
+
+
+def baseline_with(box: Box, value: str) -> Path:
+    doc = json.loads(shared("baseline").read_text())
+    name = next(iter(doc["methods"]))
+    text = json.dumps(doc, indent=2).replace(f'"acceptance_rate": {json.dumps(doc["methods"][name]["acceptance_rate"])}',
+                                             f'"acceptance_rate": {value}', 1)
+    box.p("nan.json").write_text(text)
+    return box.p("nan.json")
+
+
+def copy_cache(box: Box) -> Path:
+    """A temp DRIFT_CACHE_DIR holding the shared micro zoo and scenario splits."""
+    shared_cache = Path(os.environ.get("DRIFT_CACHE_DIR") or "~/.cache/drift-bench").expanduser()
+    cache = box.p("cache")
+    shutil.copytree(shared_cache / "scenarios", cache / "scenarios")
+    micro = sorted((shared_cache / "zoo").glob("micro-*"))[-1]
+    shutil.copytree(micro, cache / "zoo" / micro.name, ignore=shutil.ignore_patterns("offline", ".*"))
+    return cache
+
+
+def corrupt_manifest(box: Box) -> None:
+    cache = copy_cache(box)
+    manifest = next((cache / "zoo").glob("micro-*/manifest.json"))
+    doc = json.loads(manifest.read_text())
+    doc["recipe"]["components"]["draft"] = "0" * 64
+    doc.pop("parameters")
+    manifest.write_text(json.dumps(doc))
+
+
+def manifest_rebuilt(box: Box, r: Result) -> str | None:
+    manifest = next((box.p("cache") / "zoo").glob("micro-*/manifest.json"))
+    doc = json.loads(manifest.read_text())
+    return None if "parameters" in doc and doc["recipe"]["components"]["draft"] != "0" * 64 else \
+        "the corrupted manifest was kept"
+
+
+def _np():
+    import numpy as np
+    return np
+
+
+def bench(*extra) -> Callable[[Box], list]:
+    return lambda box: ["bench", *SMALL, "--no-control", "--out", box.out, *extra]
+
+
+CASES: list[Case] = [
+    # ---- data lost or clobbered
+    Case("bench --bank-out DEVICE-NODE (mknod c 1 7)", lambda b: bench("--methods", "drift", "--bank-out", b.p("full"))(b),
+         setup=lambda b: b.device("full"), lost=node_intact("full"), needs_root=True),
+    Case("bench --bank-out FIFO", lambda b: bench("--methods", "drift", "--bank-out", b.p("fifo"))(b),
+         setup=lambda b: b.fifo(), lost=node_intact("fifo", stat.S_IFIFO)),
+    Case("bench --bank-out DIR (after the run: run.json kept)",
+         lambda b: bench("--methods", "drift", "--bank-out", b.p("adir"))(b),
+         setup=lambda b: b.p("adir").mkdir(), lost=run_written),
+    Case("bench --bank-out on a read-only file system",
+         lambda b: bench("--methods", "drift", "--bank-out", b.p("ro") / "bank.safetensors")(b),
+         setup=lambda b: b.tmpfs("ro", "ro,size=64k"), needs_root=True),
+    Case("bench --bank-out on a full disk (run.json kept)",
+         lambda b: bench("--methods", "drift", "--bank-out", b.p("disk") / "bank.safetensors")(b),
+         setup=lambda b: b.tmpfs("disk", "size=64k"), lost=run_written, needs_root=True),
+    Case("SIGINT at 95% of the run (final write)", bench("--methods", "vanilla,drift"), expect="signal",
+         send=(signal.SIGINT, 0.0), lost=signal_outcome),
+    Case("SIGTERM mid-run (what finished is written, exit 143)", bench("--methods", "vanilla,drift,pld"),
+         expect="signal", send=(signal.SIGTERM, 0.0), lost=signal_outcome),
+    Case("bench --methods vanilla,vanilla", bench("--methods", "vanilla,vanilla")),
+    # ---- not JSON
+    Case("bench --json (strict JSON, entropy_hi null)", bench("--methods", "vanilla", "--json"), expect="ok"),
+    Case("bench --json --bank-in --bank-out", lambda b: bench("--methods", "drift", "--json", "--bank-in",
+                                                              shared("snapshot"), "--bank-out", b.p("o.bank"))(b),
+         expect="ok"),
+    # ---- tracebacks owed one line
+    Case("bench --temperature nan", bench("--temperature", "nan")),
+    Case("bench --seed 99999999999999999999", bench("--seed", "99999999999999999999")),
+    Case("bench --bank-size 10000000000", bench("--methods", "drift", "--bank-size", "10000000000"), owner="issue 13"),
+    Case("ablate --sweep bank-size --values 10000000000",
+         lambda b: ["ablate", *SMALL, "--out", b.out, "--sweep", "bank-size", "--values", "10000000000"],
+         owner="issue 13"),
+    Case("bench --device bogus", bench("--device", "bogus")),
+    Case("bench --device mps", bench("--device", "mps")),
+    Case("bench --device meta", bench("--device", "meta")),
+    Case("regress check --device tpu", lambda b: ["regress", "check", "--baseline", shared("baseline"), "--zoo",
+                                                  "micro", "--device", "tpu"]),
+    Case("bench --corpus DIR (a symlink loop)", lambda b: ["bench", *SMALL, "--out", b.out, "--corpus", b.p("loop")],
+         setup=lambda b: b.p("loop").symlink_to("loop")),
+    Case("DRIFT_CACHE_DIR=FILE bench", bench("--methods", "vanilla"),
+         setup=lambda b: b.p("cachefile").write_text("x"), env=lambda b: {"DRIFT_CACHE_DIR": str(b.p("cachefile"))}),
+    Case("DRIFT_CACHE_DIR=FILE zoo build", lambda b: ["zoo", "build", "--preset", "micro"],
+         setup=lambda b: b.p("cachefile").write_text("x"), env=lambda b: {"DRIFT_CACHE_DIR": str(b.p("cachefile"))}),
+    Case("DRIFT_CACHE_DIR read-only: bench", bench("--methods", "vanilla"),
+         setup=lambda b: b.tmpfs("rocache", "ro,size=64k"), env=lambda b: {"DRIFT_CACHE_DIR": str(b.p("rocache"))},
+         needs_root=True),
+    Case("DRIFT_CACHE_DIR read-only: zoo build", lambda b: ["zoo", "build", "--preset", "micro"],
+         setup=lambda b: b.tmpfs("rocache", "ro,size=64k"), env=lambda b: {"DRIFT_CACHE_DIR": str(b.p("rocache"))},
+         needs_root=True),
+    Case("report FILE", lambda b: ["report", b.p("notes.txt")], setup=lambda b: b.p("notes.txt").write_text("hi\n")),
+    Case("report DIR (binary run.json)", lambda b: ["report", b.p("bin")],
+         setup=lambda b: (b.p("bin").mkdir(), (b.p("bin") / "run.json").write_bytes(bytes(range(256))))),
+    Case("report DIR (run.json is a JSON list)", lambda b: ["report", b.p("lst")],
+         setup=lambda b: (b.p("lst").mkdir(), (b.p("lst") / "run.json").write_text("[1, 2]"))),
+    Case("report --out DEVICE-NODE", lambda b: ["report", sorted(shared("snapshot").parent.glob("runs/*/*"))[0],
+                                                "--out", b.p("full")],
+         setup=lambda b: b.device("full"), lost=node_intact("full"), needs_root=True),
+    Case("regress pin --out DIR", lambda b: ["regress", "pin", "--zoo", "micro", "--out", b.p("adir")],
+         setup=lambda b: b.p("adir").mkdir()),
+    Case("regress pin --out DEVICE-NODE", lambda b: ["regress", "pin", "--zoo", "micro", "--out", b.p("full")],
+         setup=lambda b: b.device("full"), lost=node_intact("full"), needs_root=True),
+    Case("bench --out on a full disk (ENOSPC)", lambda b: ["bench", *SMALL, "--no-control", "--methods", "vanilla",
+                                                           "--out", b.p("disk")],
+         setup=lambda b: b.tmpfs("disk", "size=64k"), needs_root=True),
+    Case("SIGINT during import (1.0 s)", bench("--methods", "vanilla"), expect="signal", send=(signal.SIGINT, 1.0),
+         lost=signal_outcome),
+    Case("SIGTERM during import (1.0 s)", bench("--methods", "vanilla"), expect="signal", send=(signal.SIGTERM, 1.0),
+         lost=signal_outcome),
+    Case("--bank-in support ids >= vocab (Rust panic before)",
+         lambda b: bench("--methods", "drift", "--bank-in", edited_snapshot(b, "support", lambda a: a + 10**6))(b)),
+    Case("--bank-in support ids negative",
+         lambda b: bench("--methods", "drift", "--bank-in", edited_snapshot(b, "support", lambda a: a - 10**6))(b)),
+    # ---- accepted silently
+    Case("regress check, NaN acceptance in the baseline", lambda b: ["regress", "check", "--baseline",
+                                                                     baseline_with(b, "NaN"), "--zoo", "micro"]),
+    Case("regress check, Infinity acceptance in the baseline", lambda b: ["regress", "check", "--baseline",
+                                                                          baseline_with(b, "Infinity"), "--zoo",
+                                                                          "micro"]),
+    Case("--bank-in NaN keys", lambda b: bench("--methods", "drift", "--bank-in",
+                                               edited_snapshot(b, "keys", lambda a: a * _np().nan))(b)),
+    Case("--bank-in inf bias", lambda b: bench("--methods", "drift", "--bank-in",
+                                               edited_snapshot(b, "bias", lambda a: a + _np().inf))(b)),
+    Case("--bank-in NaN bias", lambda b: bench("--methods", "drift", "--bank-in",
+                                               edited_snapshot(b, "bias", lambda a: a * _np().nan))(b)),
+    Case("--bank-in negative counts", lambda b: bench("--methods", "drift", "--bank-in",
+                                                      edited_snapshot(b, "counts", lambda a: a - 5))(b)),
+    Case("bank inspect, NaN keys", lambda b: ["bank", "inspect", edited_snapshot(b, "keys", lambda a: a * _np().nan)]),
+    Case("bench --temperature inf", bench("--temperature", "inf")),
+    Case("bench --gain inf", bench("--methods", "drift", "--gain", "inf"), owner="issue 13"),
+    Case("bench --methods ''", bench("--methods", "")),
+    Case("bench --methods ,,", bench("--methods", ",,")),
+    Case("ablate --values nan", lambda b: ["ablate", *SMALL, "--out", b.out, "--sweep", "lambda", "--values", "nan"],
+         owner="issue 13"),
+    Case("ablate --sweep key --values draft,bogus",
+         lambda b: ["ablate", *SMALL, "--out", b.out, "--sweep", "key", "--values", "draft,bogus"], owner="issue 13"),
+    Case("ablate --sweep eta --values -1",
+         lambda b: ["ablate", *SMALL, "--out", b.out, "--sweep", "eta", "--values", "-1"], owner="issue 13"),
+    Case("bench --bank-out without drift", lambda b: bench("--methods", "vanilla", "--bank-out", b.p("x.bank"))(b)),
+    Case("bench --split train", bench("--split", "train")),
+    Case("bench --max-new-tokens 400 (context 256)", lambda b: ["bench", "--zoo", "micro", "--max-prompts", "2",
+                                                                "--max-new-tokens", "400", "--out", b.out]),
+    Case("bench --gamma 1000000000", bench("--gamma", "1000000000")),
+    Case("corrupted zoo manifest (rebuilt)", bench("--methods", "vanilla"), expect="ok", setup=corrupt_manifest,
+         env=lambda b: {"DRIFT_CACHE_DIR": str(b.p("cache"))}, lost=manifest_rebuilt),
+    # ---- hangs
+    Case("bank inspect FIFO", lambda b: ["bank", "inspect", b.p("fifo")], setup=lambda b: b.fifo()),
+    Case("bank inspect /dev/zero", lambda b: ["bank", "inspect", "/dev/zero"]),
+]
+
+
+def classify(case: Case, r: Result) -> dict:
+    err_lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    traceback = "Traceback" in r.stderr or "panicked" in r.stderr
+    if case.expect == "exit2":
+        clean = r.rc == 2 and len(err_lines) == 1 and not traceback
+    elif case.expect == "ok":
+        clean = r.rc == 0 and not traceback
+    else:   # a signal: 0 if it came after the end, else 130/143 with one line
+        clean = not traceback and (r.rc == 0 or (r.rc in (130, 143) and len(err_lines) == 1
+                                                        and err_lines[0].startswith("interrupted")))
+    return {"clean": clean and not r.hung, "traceback": traceback, "hung": r.hung}
+
+
+def strict_json_ok(text: str) -> bool:
+    def refuse(c):
+        raise ValueError(c)
+    try:
+        json.loads(text, parse_constant=refuse)
+        return True
+    except ValueError:
+        return False
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, default=None, help="also write the per-case results here")
+    ap.add_argument("--only", default=None, help="run only the cases whose name contains this")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="hostile-"))
+    make_shared(root)
+    # the signal delays: measured on the machine, not guessed
+    t0 = time.perf_counter()
+    subprocess.run(DRIFT + ["bench", *SMALL, "--no-control", "--methods", "vanilla,drift", "--out", str(root / "t")],
+                   env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, capture_output=True)
+    duration = time.perf_counter() - t0
+    rows = []
+    root_user = os.geteuid() == 0
+    for case in CASES:
+        if args.only and args.only not in case.name:
+            continue
+        if case.send and case.send[1] == 0.0:
+            case.send = (case.send[0], duration * (0.95 if case.send[0] == signal.SIGINT else 0.6))
+        if case.needs_root and not root_user:
+            rows.append({"case": case.name, "owner": case.owner, "skipped": "needs root"})
+            continue
+        box = Box(Path(tempfile.mkdtemp(dir=root, prefix="case-")))
+        try:
+            if case.setup:
+                case.setup(box)
+            r = run_case(case, box)
+            row = {"case": case.name, "owner": case.owner, "rc": r.rc, "seconds": round(r.seconds, 1),
+                   **classify(case, r), "stderr": [ln for ln in r.stderr.splitlines() if ln.strip()][-2:]}
+            row["lost"] = case.lost(box, r) if case.lost else None
+            if "--json" in " ".join(map(str, case.argv(box))) and r.rc == 0:
+                row["strict_json"] = strict_json_ok(r.stdout)
+                row["clean"] = row["clean"] and row["strict_json"]
+            for run in box.out.glob("*/*/run.json") if box.out.exists() else []:
+                if not strict_json_ok(run.read_text()):
+                    row["clean"], row["strict_json"] = False, False
+        finally:
+            box.cleanup()
+        rows.append(row)
+        mark = "ok " if row["clean"] and not row["lost"] else "BAD"
+        print(f"{mark} [{row['owner']}] {case.name}: rc {row['rc']} {row['seconds']} s  {' | '.join(row['stderr'])[:150]}"
+              + (f"  LOST: {row['lost']}" if row["lost"] else ""), flush=True)
+    ran = [r for r in rows if "skipped" not in r]
+    mine = [r for r in ran if r["owner"] == "issue 14"]
+    summary = {
+        "cases": len(ran), "skipped": len(rows) - len(ran),
+        "issue14_cases": len(mine),
+        "issue14_clean": sum(r["clean"] and not r["lost"] for r in mine),
+        "exit2_clean": sum(r["clean"] and r["rc"] == 2 for r in ran),
+        "tracebacks": sum(r["traceback"] for r in ran),
+        "hangs": sum(r["hung"] for r in ran),
+        "files_lost": sum(bool(r["lost"]) for r in ran),
+        "issue13_not_clean": [r["case"] for r in ran if r["owner"] == "issue 13" and not r["clean"]],
+        "signal_run_s": round(duration, 1),
+    }
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "cases": rows}, indent=2) + "\n")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
