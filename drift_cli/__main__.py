@@ -6,12 +6,14 @@ SIGINT/SIGTERM held (`interrupt.deferred`), so a Ctrl-C or SIGTERM then is one l
 is imported in the same block where it is installed: its C++ import calls back into Python, and a
 KeyboardInterrupt raised inside such a callback aborts the process (`terminate called after
 throwing an instance of 'nanobind::python_error'`); torch would import it later anyway, while a
-model loads (transformers -> torch._dynamo -> triton).
+model loads (transformers -> torch._dynamo -> triton). Once the command has exited, a late signal
+is ignored and stderr is closed, so that the interpreter's shutdown adds nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 from drift_cli import interrupt
@@ -30,8 +32,21 @@ def main() -> None:
         sys.exit(interrupt.exit_code())
     try:
         cli_main()
-    finally:
+    except SystemExit:   # the command is done and has said what it had to say
         interrupt.ignore()
+        _quiet_teardown()
+        raise
+
+
+def _quiet_teardown() -> None:
+    """Nothing more on stderr once the command has exited: libtriton's nanobind teardown can print
+    a known leak report at interpreter shutdown (Triton silences its own workers the same way).
+    Only on SystemExit: an unexpected exception still prints its traceback."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
 
 
 if __name__ == "__main__":
