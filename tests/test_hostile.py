@@ -434,3 +434,24 @@ def test_entry_point_is_the_signal_safe_main():
 
     project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
     assert project["project"]["scripts"]["drift"] == "drift_cli.__main__:main"
+
+
+def test_sigterm_mid_run_writes_what_finished_and_exits_143(pair, tmp_path, monkeypatch, capsys):
+    """SIGTERM (schedulers, containers, CI) is Ctrl-C: ar finished, so the run is written, marked
+    incomplete, and the command exits 143 with one line."""
+    import signal
+
+    from drift_cli import bench as bench_module
+
+    real = bench_module.run_stream
+
+    def terminated_at_vanilla(target, policy, stream, cfg, **kw):
+        if policy.name == "vanilla":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(target, policy, stream, cfg, **kw)
+    monkeypatch.setattr(bench_module, "run_stream", terminated_at_vanilla)
+    code, out, err = run_cli(bench(pair, tmp_path / "runs", "--methods", "vanilla,drift"), capsys)
+    assert_one_line(code, err, "interrupted: what finished was written to", want=143)
+    runs = list((tmp_path / "runs").rglob("run.json"))
+    run = strict_loads(runs[0].read_text())
+    assert len(runs) == 1 and run["complete"] is False and list(run["methods"]) == ["ar"]
