@@ -15,9 +15,9 @@ fresh model built from the same config (without its quantization entry).
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
+from drift_cli import atomic
 from drift_cli.errors import BadInput
 
 GGUF_MAGIC = b"GGUF"
@@ -59,7 +59,7 @@ def file_sha256(path: Path) -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("DRIFT_CACHE_DIR", "~/.cache/drift-bench")).expanduser() / "gguf"
+    return atomic.cache_dir("gguf")
 
 
 def _require_packages() -> None:

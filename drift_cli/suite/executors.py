@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from drift_cli.atomic import atomic_write_json
 from drift_cli.errors import BadInput
-from drift_cli.results import atomic_write_json
 from drift_cli.suite import store
 from drift_cli.suite.spec import Cell, Suite
 

@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 
 from drift_cli import metrics
-from drift_cli.results import RunJson, atomic_write_bytes
+from drift_cli.atomic import atomic_write_bytes
+from drift_cli.results import RunJson
 from drift_cli.suite import store
 from drift_cli.suite.spec import Suite
 

@@ -19,7 +19,8 @@ import socket
 import sys
 from pathlib import Path
 
-from drift_cli.results import RunJson, atomic_write_json, load_run, write_run
+from drift_cli.atomic import atomic_write_json
+from drift_cli.results import RunJson, load_run, write_run
 from drift_cli.suite.spec import Cell, Suite
 
 STATES = ("done", "running", "failed", "missing")
