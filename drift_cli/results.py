@@ -88,6 +88,8 @@ def new_run_id(label: str) -> str:
 def check_writable(out: Path) -> Path:
     """Fail early (BadInput) when the output directory cannot be created or written."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"output directory {out} exists and is not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=out, prefix=".probe.", delete=True)

@@ -229,7 +229,7 @@ CASES: list[Case] = [
     Case("bench --bank-out on a full disk (run.json kept)",
          lambda b: bench("--methods", "drift", "--bank-out", b.p("disk") / "bank.safetensors")(b),
          setup=lambda b: b.tmpfs("disk", "size=64k"), lost=run_written, needs_root=True),
-    Case("SIGINT at 95% of the run (final write)", bench("--methods", "vanilla,drift"), expect="signal",
+    Case("SIGINT at 88% of the run (the final write)", bench("--methods", "vanilla,drift"), expect="signal",
          send=(signal.SIGINT, 0.0), lost=signal_outcome),
     Case("SIGTERM mid-run (what finished is written, exit 143)", bench("--methods", "vanilla,drift,pld"),
          expect="signal", send=(signal.SIGTERM, 0.0), lost=signal_outcome),
@@ -365,7 +365,7 @@ def main() -> None:
         if args.only and args.only not in case.name:
             continue
         if case.send and case.send[1] == 0.0:
-            case.send = (case.send[0], duration * (0.95 if case.send[0] == signal.SIGINT else 0.6))
+            case.send = (case.send[0], duration * (0.88 if case.send[0] == signal.SIGINT else 0.6))
         if case.needs_root and not root_user:
             rows.append({"case": case.name, "owner": case.owner, "skipped": "needs root"})
             continue
