@@ -159,7 +159,7 @@ CASES = [
     ("methods empty", lambda P, T, X: bench(P, T, "--methods", ""), "names no method"),
     ("methods commas", lambda P, T, X: bench(P, T, "--methods", ",,"), "names no method"),
     ("methods repeated", lambda P, T, X: bench(P, T, "--methods", "vanilla,vanilla"), "names vanilla more than once"),
-    ("split train", lambda P, T, X: bench(P, T, "--split", "train"), "--split must be dev or test"),
+    ("split bogus", lambda P, T, X: bench(P, T, "--split", "val"), "--split must be train, dev or test"),
     ("budget past context", lambda P, T, X: bench(P, T, "--methods", "vanilla", "--max-new-tokens", "600"),
      "exceeds the models' context of 512 positions"),
     ("gamma past context", lambda P, T, X: bench(P, T, "--methods", "vanilla", "--gamma", "1000000000"),
