@@ -29,6 +29,8 @@ def main() -> None:
                 import triton  # noqa: F401
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
+        interrupt.ignore()      # as after a command: nothing may kill or print during teardown
+        _quiet_teardown()
         sys.exit(interrupt.exit_code())
     try:
         cli_main()
