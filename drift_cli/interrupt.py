@@ -5,6 +5,11 @@ SIGTERM (what schedulers, containers and CI runners send) is treated like Ctrl-C
 it is in, keeps what finished and writes it marked `"complete": false`. The exit status is
 128 + the signal: 130 for SIGINT, 143 for SIGTERM. `deferred()` holds both signals while the
 final write runs, so that a finished run is never lost to a late Ctrl-C.
+
+A signal that lands while Python runs a finaliser (a `__del__`, a weakref callback) raises
+there, and Python drops such an exception ("Exception ignored in ...") instead of propagating it.
+`install()` sets a `sys.unraisablehook` that keeps those interrupts quiet and remembers them, and
+`check()`, called at safe points (every decoding iteration, between suite cells), raises them.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Iterator, NoReturn
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _received: list[int] = []   # the signals received so far, in order
+_dropped: list[int] = []    # signals whose exception Python dropped (raised inside a finaliser)
 
 
 class Terminated(KeyboardInterrupt):
@@ -32,11 +38,27 @@ def _on_signal(signum: int, frame) -> None:
     _raise(signum)
 
 
+def _unraisable(info) -> None:
+    """An interrupt raised inside a finaliser: remember it for `check()`, print nothing."""
+    if isinstance(info.exc_value, KeyboardInterrupt):
+        _dropped.append(_received[-1] if _received else signal.SIGINT)
+        return
+    sys.__unraisablehook__(info)
+
+
 def install() -> None:
     """Route SIGINT and SIGTERM to `_on_signal` (main thread only; a no-op elsewhere)."""
     with contextlib.suppress(ValueError):   # not the main thread (e.g. a test runner's worker)
         for s in SIGNALS:
             signal.signal(s, _on_signal)
+    sys.unraisablehook = _unraisable
+
+
+def check() -> None:
+    """Raise an interrupt that Python dropped inside a finaliser (a no-op otherwise)."""
+    if _dropped:
+        _raise(_dropped.pop())
+
 
 
 def ignore() -> None:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from drift_cli import interrupt
 from drift_cli.engine.acceptance import accept_greedy, accept_sampling
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.sampling import Sampler
@@ -137,6 +138,7 @@ def generate(
     steps: list[StepRecord] = []
     produced, hit_eos = 0, False
     while produced < cfg.max_new_tokens and not hit_eos:
+        interrupt.check()   # a Ctrl-C / SIGTERM that landed in a finaliser is raised here
         t_start = time.perf_counter()
         room = draft_budget(cfg.gamma, cfg.max_new_tokens, produced)
         with clock.span("draft"):

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from drift_cli import interrupt
 from drift_cli.atomic import atomic_write_json
 from drift_cli.errors import BadInput
 from drift_cli.suite import store
@@ -102,6 +103,7 @@ def local_results(cells: list[Cell], jobs: int) -> Iterator[tuple[Cell, Outcome]
     prepare(build_plan(cells))
     if jobs == 1:
         for cell in cells:
+            interrupt.check()
             outcome = execute_cell(cell.settings)
             if outcome == INTERRUPTED:
                 raise KeyboardInterrupt   # Ctrl-C inside the cell: it stays missing, the run stops
@@ -113,6 +115,7 @@ def local_results(cells: list[Cell], jobs: int) -> Iterator[tuple[Cell, Outcome]
     pool = multiprocessing.get_context("spawn").Pool(min(jobs, len(cells)), initializer=_pool_init)
     try:
         for key, outcome in pool.imap_unordered(_pool_task, [(c.key, c.settings) for c in cells]):
+            interrupt.check()
             yield by_key[key], outcome
         pool.close()
     finally:
