@@ -309,16 +309,9 @@ def zoo_status(preset: str) -> dict:
     target_docs, draft_docs = _training_documents()
     recipes = base_recipes(p, cache.documents_hash(target_docs), cache.documents_hash(draft_docs))
     current, current_hash = root_for(p, recipes)
-    builds = []
-    for root in sorted(cache.cache_root().glob(f"{p.name}-*")):
-        if not root.is_dir():
-            continue
-        m = cache.read_json(root / "manifest.json") or {}
-        offline = sorted(x.name for x in (root / "offline").glob("*") if (x / "recipe.json").exists()) \
-            if (root / "offline").is_dir() else []
-        builds.append({"root": str(root), "current": root == current, "complete": bool(m),
-                       "parameters": m.get("parameters"), "per_token_flops": m.get("per_token_flops"),
-                       "wall_time_s": m.get("wall_time_s"), "offline": offline})
+    builds = cache.cached_builds(p.name, current, lambda m: {
+        "parameters": m.get("parameters"), "per_token_flops": m.get("per_token_flops"),
+        "wall_time_s": m.get("wall_time_s")})
     return {"preset": p.name, "current_root": str(current), "current_hash": current_hash,
             "built": (cache.read_json(current / "manifest.json") or {}).get("hash") == current_hash,
             "builds": builds}

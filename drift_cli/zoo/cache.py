@@ -65,6 +65,21 @@ def read_json(path: Path) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
+def cached_builds(preset: str, current: Path, describe) -> list[dict]:
+    """Every cached build root of `preset`: its path, whether it is `current`, whether it is
+    complete, its offline drafts, and `describe(manifest)`'s fields (for `drift zoo list`)."""
+    builds = []
+    for root in sorted(cache_root().glob(f"{preset}-*")):
+        if not root.is_dir():
+            continue
+        m = read_json(root / "manifest.json") or {}
+        offline = sorted(x.name for x in (root / "offline").glob("*") if (x / "recipe.json").exists()) \
+            if (root / "offline").is_dir() else []
+        builds.append({"root": str(root), "current": root == current, "complete": bool(m),
+                       **describe(m), "offline": offline})
+    return builds
+
+
 def component_matches(directory: Path, recipe_hash_: str) -> bool:
     recipe = read_json(directory / "recipe.json")
     return recipe is not None and recipe.get("hash") == recipe_hash_

@@ -34,7 +34,7 @@ from drift_cli.errors import BadInput
 from drift_cli.zoo import cache
 from drift_cli.zoo.presets import KDRecipe, LabelledData, PretrainedPreset
 from drift_cli.zoo.tokenizer import encode_documents
-from drift_cli.zoo.training import Progress, adamw, cpu_threads, lr_at, windows
+from drift_cli.zoo.training import Progress, cpu_threads, run_steps, windows
 
 DRAFT_DATA_SCENARIO = "indist"   # the general-prose scenario: the draft's only training text
 
@@ -227,15 +227,13 @@ def distill_on_labels(draft: torch.nn.Module, labels: Labels, recipe: KDRecipe, 
     holder.register_parameter("head_rows", head_rows)
     for i, w in enumerate(trainable):
         holder.register_parameter(f"w{i}", w)
-    opt = adamw(holder, recipe.lr, 0.0)
     n = labels.ids.shape[0]
     steps = recipe.epochs * math.ceil(n / recipe.batch)
     rng = torch.Generator().manual_seed(recipe.seed)
     order = torch.cat([torch.randperm(n, generator=rng) for _ in range(recipe.epochs)])
     decoder = draft.get_decoder()
-    curve, acc, every = [], 0.0, max(1, steps // 50)
-    draft.train()
-    for step in range(steps):
+
+    def loss_at(step: int) -> torch.Tensor:
         rows = order[step * recipe.batch:(step + 1) * recipe.batch]
         x, m = labels.ids[rows], labels.mask[rows]
         top_i, top_v = labels.top_ids[rows][m], labels.top_logp[rows][m]           # [M, k]
@@ -247,19 +245,10 @@ def distill_on_labels(draft: torch.nn.Module, labels: Labels, recipe: KDRecipe, 
         has_mass = keep.any(-1)
         hidden = decoder(input_ids=x, use_cache=False).last_hidden_state[m]        # [M, d]
         logits = hidden @ head_rows.T                                               # [M, K]
-        loss = divergence(kind, logp[has_mass], logits[has_mass])
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, recipe.lr, recipe.warmup, 0.1)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(holder.parameters(), 1.0)
-        opt.step()
-        acc += loss.item()
-        if (step + 1) % every == 0 or step == steps - 1:
-            curve.append([step + 1, round(acc / ((step % every) + 1), 5)])
-            acc = 0.0
-        if progress:
-            progress(label, step + 1, steps)
+        return divergence(kind, logp[has_mass], logits[has_mass])
+
+    draft.train()
+    curve = run_steps(holder, loss_at, steps, recipe.lr, recipe.warmup, 0.0, 0.1, label, progress)
     draft.eval()
     with torch.no_grad():
         draft.lm_head.weight[ids] = head_rows.detach()
@@ -349,17 +338,13 @@ def _current_recipe(p: PretrainedPreset) -> tuple[Path, dict, Path]:
 def pretrained_status(p: PretrainedPreset) -> dict:
     """`zoo_status` for a pretrained preset (same keys)."""
     _, recipe, current = _current_recipe(p)
-    builds = []
-    for root in sorted(cache.cache_root().glob(f"{p.name}-*")):
-        if not root.is_dir():
-            continue
-        m = cache.read_json(root / "manifest.json") or {}
-        offline = sorted(x.name for x in (root / "offline").glob("*") if (x / "recipe.json").exists()) \
-            if (root / "offline").is_dir() else []
+
+    def describe(m: dict) -> dict:
         draft = m.get("draft") or {}
-        builds.append({"root": str(root), "current": root == current, "complete": bool(m),
-                       "parameters": {"target": None, "draft": draft.get("parameters")} if draft else None,
-                       "wall_time_s": {"draft": draft.get("wall_time_s")}, "offline": offline})
+        return {"parameters": {"target": None, "draft": draft.get("parameters")} if draft else None,
+                "wall_time_s": {"draft": draft.get("wall_time_s")}}
+
+    builds = cache.cached_builds(p.name, current, describe)
     return {"preset": p.name, "current_root": str(current), "current_hash": recipe["hash"],
             "built": cache.component_matches(current / "draft", recipe["hash"]), "builds": builds}
 
