@@ -226,13 +226,15 @@ def decode_config(cfg: BenchConfig, stream: Stream, eos_id: int | None) -> Decod
 
 
 def warm_up(target: CausalLM, models: Models, stream: Stream, dcfg: DecodeConfig) -> None:
-    """One short untimed pass through both models so that allocator warm-up stays out of the stats."""
-    from drift_cli.engine.loop import generate
+    """One short untimed pass through both models so that allocator warm-up stays out of the stats
+    (at the run's batch size: a batch's per-row caches warm up too)."""
+    from drift_cli.engine.loop import Decoder
     from drift_cli.engine.sampling import Sampler
     from drift_cli.methods.vanilla import Vanilla
 
-    short = DecodeConfig(dcfg.gamma, min(8, dcfg.max_new_tokens), 0.0, None, dcfg.eos_id, dcfg.seed)
-    generate(target, Vanilla(models.pair.draft), stream.prompts[0].ids, short, Sampler())
+    short = DecodeConfig(dcfg.gamma, min(8, dcfg.max_new_tokens), 0.0, None, dcfg.eos_id, dcfg.seed, dcfg.batch_size)
+    prompts = [(i, p.ids, None) for i, p in enumerate(stream.prompts[:dcfg.batch_size])]
+    Decoder(target, Vanilla(models.pair.draft), short, Sampler()).run(prompts, [])
 
 
 @dataclass(frozen=True)

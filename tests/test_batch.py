@@ -207,3 +207,64 @@ def test_bad_batch_sizes_are_one_line_errors(args, message, capsys, tmp_path):
         main(["bench", "--zoo", "micro", "--out", str(tmp_path), *args])
     _, err = capsys.readouterr()
     assert exc.value.code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_batch_sizes_writes_the_curve(tmp_path, capsys):
+    """`drift bench --batch-sizes 1,2`: every method at each size, one table block and one PNG."""
+    import json
+
+    from drift_cli.cli import main
+    from tests.models import saved_pair
+
+    d, t = saved_pair(tmp_path / "pair")
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--corpus", "/usr/share/common-licenses", "--draft", str(d), "--target", str(t),
+              "--methods", "vanilla,pld", "--max-prompts", "3", "--max-new-tokens", "8", "--batch-sizes", "1,2",
+              "--out", str(tmp_path / "out"), "--json"])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 0, err
+    run = json.loads(out)
+    rows = run["batch_curve"]["rows"]
+    assert [(r["batch_size"], r["method"]) for r in rows] == [(b, m) for b in (1, 2) for m in ("ar", "vanilla", "pld")]
+    assert all(r["ar_match_rate"] == 1.0 for r in rows if r["method"] != "ar")
+    assert all(r["throughput_tokens_per_s"] > 0 and r["latency_ms_p99"] >= r["latency_ms_p50"] > 0 for r in rows)
+    assert run["methods"]["vanilla"]["batch_size"] == 1
+    runs = list((tmp_path / "out").rglob("batch-curve.png"))
+    assert len(runs) == 1
+    steps = [json.loads(line) for line in open(runs[0].parent / "steps.jsonl")]
+    assert {s["scope"] for s in steps} == {"main", "batch2"} and max(s["batch"] for s in steps) == 2
+
+
+def test_row_cache_rolls_rows_back_to_their_own_lengths():
+    """Rows of different lengths, fed different counts, rolled back by different amounts: each
+    row's next logits equal a fresh batch-1 pass over its committed sequence (no re-prefill)."""
+    model = tiny_llama(48, 48, 2, 0)
+    rows, single = CausalLM(model), CausalLM(model)
+    rows.reset_rows(3)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 48, (n,), generator=g) for n in (5, 9, 2)]
+    for s, p in enumerate(prompts):
+        rows.forward_rows([s], [p])                       # one row's prefill
+    rows.forward_rows([0, 1, 2], [torch.tensor([1, 2, 3]), torch.tensor([4]), torch.tensor([5, 6])])
+    rows.crop_rows([0, 1, 2], [6, 10, 3])                 # keep 1 of 3, all of 1, 1 of 2
+    assert [rows.row_len(s) for s in range(3)] == [6, 10, 3]
+    feeds = [torch.tensor([7, 8]), torch.tensor([9]), torch.tensor([10, 11, 12])]
+    _, z = rows.forward_rows([0, 2, 1], feeds)            # any subset, any order of slots
+    committed = [torch.cat([prompts[0], torch.tensor([1])]), torch.cat([prompts[2], torch.tensor([5])]),
+                 torch.cat([prompts[1], torch.tensor([4])])]
+    for i, (c, f) in enumerate(zip(committed, feeds, strict=True)):
+        single.reset()
+        _, want = single.forward(torch.cat([c, f])[None])
+        torch.testing.assert_close(z[i, :len(f)], want[0, -len(f):], rtol=1e-5, atol=1e-5)
+
+
+def test_proposal_fit_and_ragged_layout():
+    from drift_cli.methods.base import Proposal, ragged
+
+    p = ragged([[1, 2, 3], [], [4]], "cpu")
+    assert p.tokens.tolist() == [[1, 2, 3], [0, 0, 0], [4, 0, 0]] and p.lengths == [3, 0, 1]
+    assert ragged([[1, 2], [3, 4]], "cpu").num_draft is None          # uniform rows: no num_draft
+    cut = p.fit([2, 0, 1])
+    assert cut.k == 2 and cut.lengths == [2, 0, 1]
+    full = Proposal(torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    assert full.fit([3, 3]) is full and full.fit([2, 2]).num_draft is None and full.fit([2, 2]).k == 2
