@@ -59,10 +59,10 @@ def plot_batch_curve(run: dict, path: Path) -> None:
     for key, ax, label in (("speedup", axes[0], "speedup vs ar at the same B"),
                            ("throughput_tokens_per_s", axes[1], "throughput (tokens/s, whole stream)"),
                            ("acceptance_rate", axes[2], "acceptance rate α")):
-        for m in methods:
+        for i, m in enumerate(methods):      # one colour per method in every panel (ar has no α)
             pts = [(r["batch_size"], r[key]) for r in rows if r["method"] == m and r[key] is not None]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m, color=f"C{i}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size B")
         ax.set_ylabel(label)

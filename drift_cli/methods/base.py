@@ -182,8 +182,8 @@ class DraftPolicy:
 
     def propose(self, context: Rows, gamma: int, sampler: Sampler) -> Proposal:
         """Draft up to gamma tokens (and row b at most context.budget[b]) after each row."""
-        return Proposal(tokens=torch.empty((len(as_rows(context)), 0), dtype=torch.long,
-                                           device=as_rows(context).ids[0].device))
+        rows = as_rows(context)
+        return Proposal(tokens=torch.empty((len(rows), 0), dtype=torch.long, device=rows.ids[0].device))
 
     def commit(self, context: Rows) -> None:
         """The rows' committed sequences after verification: roll caches back to them."""
