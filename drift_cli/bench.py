@@ -43,6 +43,8 @@ class BenchConfig:
     max_prompts: int | None = None
     max_new_tokens: int | None = None
     gamma: int = 4
+    batch_size: int = 1          # rows decoded together (continuous batching)
+    batch_sizes: tuple[int, ...] | None = None   # --batch-sizes: the batch-size curve (each B, every method)
     temperature: float = 0.0
     top_p: float | None = None
     seed: int = 0
@@ -58,6 +60,11 @@ class BenchConfig:
             raise BadInput("give exactly one of --scenario NAME or --corpus PATH")
         if self.gamma < 1:
             raise BadInput(f"--gamma must be at least 1 (got {self.gamma})")
+        if self.batch_size < 1:
+            raise BadInput(f"--batch-size must be at least 1 (got {self.batch_size})")
+        if self.batch_sizes is not None and (not self.batch_sizes or min(self.batch_sizes) < 1
+                                             or len(set(self.batch_sizes)) != len(self.batch_sizes)):
+            raise BadInput(f"--batch-sizes must list distinct sizes >= 1 (got {','.join(map(str, self.batch_sizes))})")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise BadInput(f"--temperature must be >= 0 and finite (got {self.temperature})")
         if not 0 <= self.seed < 2**63:
@@ -129,6 +136,16 @@ class Models:
             resolve_offline=resolve_offline,
             load_draft=load_draft,
         )
+
+
+def parse_sizes(text: str | None) -> tuple[int, ...] | None:
+    """--batch-sizes 1,2,4 -> (1, 2, 4); BadInput on anything but integers."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise BadInput(f"--batch-sizes must be comma-separated integers (got {text!r})") from None
 
 
 def check_bank_options(cfg: BenchConfig) -> None:
@@ -205,17 +222,19 @@ def check_preset(cfg: BenchConfig) -> None:
 
 
 def decode_config(cfg: BenchConfig, stream: Stream, eos_id: int | None) -> DecodeConfig:
-    return DecodeConfig(cfg.gamma, stream.max_new_tokens, cfg.temperature, cfg.top_p, eos_id, cfg.seed)
+    return DecodeConfig(cfg.gamma, stream.max_new_tokens, cfg.temperature, cfg.top_p, eos_id, cfg.seed, cfg.batch_size)
 
 
 def warm_up(target: CausalLM, models: Models, stream: Stream, dcfg: DecodeConfig) -> None:
-    """One short untimed pass through both models so that allocator warm-up stays out of the stats."""
-    from drift_cli.engine.loop import generate
+    """One short untimed pass through both models so that allocator warm-up stays out of the stats
+    (at the run's batch size: a batch's per-row caches warm up too)."""
+    from drift_cli.engine.loop import Decoder
     from drift_cli.engine.sampling import Sampler
     from drift_cli.methods.vanilla import Vanilla
 
-    short = DecodeConfig(dcfg.gamma, min(8, dcfg.max_new_tokens), 0.0, None, dcfg.eos_id, dcfg.seed)
-    generate(target, Vanilla(models.pair.draft), stream.prompts[0].ids, short, Sampler())
+    short = DecodeConfig(dcfg.gamma, min(8, dcfg.max_new_tokens), 0.0, None, dcfg.eos_id, dcfg.seed, dcfg.batch_size)
+    prompts = [(i, p.ids, None) for i, p in enumerate(stream.prompts[:dcfg.batch_size])]
+    Decoder(target, Vanilla(models.pair.draft), short, Sampler()).run(prompts, [])
 
 
 @dataclass(frozen=True)
@@ -283,10 +302,20 @@ def run_methods(
     return run_entries(method_entries(names, explicit), models, stream, cfg, progress)
 
 
-def summarise(runs: dict[str, StreamRun], cfg: BenchConfig) -> dict[str, dict]:
+def summarise(runs: dict[str, StreamRun], cfg: BenchConfig, target: torch.nn.Module | None = None) -> dict[str, dict]:
+    """Every run's metrics; for greedy runs with a target given, `ar_divergence` too (see
+    `drift_cli.engine.diverge`: where an output left ar's, and the target's top-2 gap there)."""
     ar = runs.get("ar")
-    return {name: {**metrics.method_metrics(run, cfg.gamma, ar, greedy=cfg.temperature == 0.0), "report": run.report}
-            for name, run in runs.items()}
+    greedy = cfg.temperature == 0.0
+    out = {name: {**metrics.method_metrics(run, cfg.gamma, ar, greedy=greedy), "report": run.report}
+           for name, run in runs.items()}
+    if greedy and ar is not None and target is not None:
+        from drift_cli.engine.diverge import divergences
+
+        for name, run in runs.items():
+            if name != "ar" and out[name].get("ar_match_rate") not in (None, 1.0):
+                out[name]["ar_divergence"] = divergences(target, run.generations, ar.generations)
+    return out
 
 
 def comparisons(methods: dict[str, dict], control: dict[str, dict] | None) -> dict[str, Any]:
@@ -335,6 +364,10 @@ def envelope(cfg: BenchConfig, label: str, models: Models, stream: Stream, runs:
 def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJson, list[dict]]:
     """Everything `drift bench` does except printing and writing."""
     cfg.validate()
+    if cfg.batch_sizes:
+        from dataclasses import replace
+
+        cfg = replace(cfg, batch_size=cfg.batch_sizes[0])
     names = resolve_methods(cfg.methods)
     explicit = cfg.methods.strip() != "all"
     if "ar" not in names:
@@ -346,7 +379,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
     models = load_models(cfg, progress)
     stream = load_stream(cfg, models.pair.tokenizer, scenario)
     runs, skipped = run_methods(names, models, stream, cfg, progress, explicit)
-    methods = summarise(runs, cfg)
+    methods = summarise(runs, cfg, models.pair.target)
     complete = all(r.complete for r in runs.values()) and len(runs) + len(skipped) == len(names)
 
     control_runs: dict[str, StreamRun] = {}
@@ -360,10 +393,45 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
         control = summarise(control_runs, cfg)
         complete = len(control_runs) == 2 and all(r.complete for r in control_runs.values())
 
+    curve_steps: list[dict] = []
+    curve = None
+    if cfg.batch_sizes and complete:
+        curve, curve_steps, complete = batch_curve(names, models, stream, cfg, methods, progress, explicit)
+
     run = envelope(cfg, "+".join(n for n in names if n != "ar") or "ar", models, stream, runs, methods,
                    methods_run=list(runs), methods_skipped=skipped)
     run["complete"] = complete
     run["control"] = control or {}
     run["comparisons"] = comparisons(methods, control)
-    steps = step_records(runs) + step_records(control_runs, "control")
+    if curve is not None:
+        run["batch_curve"] = curve
+    steps = step_records(runs) + step_records(control_runs, "control") + curve_steps
     return run, steps
+
+
+CURVE_FIELDS = ("speedup", "speedup_ci95", "throughput_tokens_per_s", "throughput_speedup", "acceptance_rate",
+                "mean_accepted_length", "overhead_pct", "harness_overhead_pct", "latency_ms_p50", "latency_ms_p99",
+                "p50_step_ms", "ar_match_rate")
+
+
+def batch_curve(names: list[str], models: Models, stream: Stream, cfg: BenchConfig, first: dict[str, dict],
+                progress: Progress | None = None, explicit: bool = True) -> tuple[dict, list[dict], bool]:
+    """--batch-sizes: every method (ar first) at each batch size on the same stream; the main run
+    is the first size. Returns (the run.json block, its step records, complete)."""
+    from dataclasses import replace
+
+    rows, steps, complete = [], [], True
+    for i, size in enumerate(cfg.batch_sizes):
+        if i == 0 and size == cfg.batch_size:
+            methods = first
+        else:
+            at = replace(cfg, batch_size=size)
+            runs, _ = run_methods(names, models, stream, at, progress, explicit)
+            methods = summarise(runs, at, models.pair.target)
+            steps += step_records(runs, f"batch{size}")
+            complete = complete and len(runs) == len(names) and all(r.complete for r in runs.values())
+        rows += [{"batch_size": size, "method": name, **{k: m.get(k) for k in CURVE_FIELDS}}
+                 for name, m in methods.items()]
+        if not complete:
+            break
+    return {"sizes": list(cfg.batch_sizes), "rows": rows}, steps, complete

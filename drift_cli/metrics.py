@@ -3,6 +3,10 @@
 Inputs are step records (`drift_cli.engine.loop.StepRecord`) and generations; outputs are plain
 numbers and lists, ready for JSON. Functions return None where a metric does not apply
 (for example `acceptance_rate` of `ar`, which drafts nothing).
+
+Batches: a step record is one row of one iteration, its times the row's share of the
+iteration's. Counts (α, τ, histograms, per-position acceptance) aggregate over rows as they are;
+per-iteration times (`iteration_ms`) sum an iteration's shares back.
 """
 
 from __future__ import annotations
@@ -61,8 +65,39 @@ def tokens_per_s(steps) -> float | None:
     return _sum(steps, "emitted") / ms * 1e3 if ms else None
 
 
+def iteration_ms(steps) -> list[float]:
+    """Wall time of each iteration: a batch-1 record is one; a batch's rows (one step index) are
+    summed back from their shares."""
+    out: list[float] = []
+    rows: dict[int, int] = {}            # step index -> its slot in out
+    for s in steps:
+        if getattr(s, "batch", 1) == 1:
+            out.append(s.total_ms)
+        elif s.step in rows:
+            out[rows[s.step]] += s.total_ms
+        else:
+            rows[s.step] = len(out)
+            out.append(s.total_ms)
+    return out
+
+
 def step_ms_quantile(steps, q: float) -> float | None:
-    return float(np.quantile([s.total_ms for s in steps], q)) if steps else None
+    """A quantile of the iteration times (one row per iteration at batch 1)."""
+    return float(np.quantile(iteration_ms(steps), q)) if steps else None
+
+
+def throughput_tokens_per_s(generations, wall_ms: float) -> float | None:
+    """Generated tokens per second over the whole stream (prefills and admissions included)."""
+    return sum(len(g.output_ids) for g in generations) / wall_ms * 1e3 if wall_ms else None
+
+
+def latency_ms_quantile(generations, q: float) -> float | None:
+    """A quantile of the per-request latency, admission to finish."""
+    return float(np.quantile([g.latency_ms for g in generations], q)) if generations else None
+
+
+def ratio(x: float | None, base: float | None) -> float | None:
+    return x / base if x is not None and base else None
 
 
 def overhead_ms_per_step(steps) -> float | None:
@@ -278,6 +313,12 @@ def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True) -> dict:
         "accepted_tokens": int(_sum(steps, "accepted")),
         "p50_step_ms": step_ms_quantile(steps, 0.5),
         "p99_step_ms": step_ms_quantile(steps, 0.99),
+        "batch_size": run.batch_size,
+        "throughput_tokens_per_s": throughput_tokens_per_s(run.generations, run.wall_ms),
+        "throughput_speedup": ratio(throughput_tokens_per_s(run.generations, run.wall_ms),
+                                    throughput_tokens_per_s(ar_run.generations, ar_run.wall_ms)) if ar_run else None,
+        "latency_ms_p50": latency_ms_quantile(run.generations, 0.5),
+        "latency_ms_p99": latency_ms_quantile(run.generations, 0.99),
         "overhead_ms_per_step": overhead_ms_per_step(steps),
         "overhead_pct": overhead_pct(steps),
         "harness_overhead_pct": harness_overhead_pct(steps),

@@ -51,6 +51,31 @@ def plot_speedups(run: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+def plot_batch_curve(run: dict, path: Path) -> None:
+    """Speedup vs ar at the same B, throughput and α against the batch size, one line per method."""
+    rows = run["batch_curve"]["rows"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for key, ax, label in (("speedup", axes[0], "speedup vs ar at the same B"),
+                           ("throughput_tokens_per_s", axes[1], "throughput (tokens/s, whole stream)"),
+                           ("acceptance_rate", axes[2], "acceptance rate α")):
+        for i, m in enumerate(methods):      # one colour per method in every panel (ar has no α)
+            pts = [(r["batch_size"], r[key]) for r in rows if r["method"] == m and r[key] is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m, color=f"C{i}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size B")
+        ax.set_ylabel(label)
+        if key == "speedup":
+            ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    axes[0].legend()
+    fig.suptitle(f"{run['scenario']} ({run['split']}): the batch-size curve")
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
 def plot_run(run: dict, out_dir: Path) -> None:
     plot_alpha_curves(run, Path(out_dir) / "acceptance.png")
     plot_speedups(run, Path(out_dir) / "speedup.png")
+    if run.get("batch_curve"):
+        plot_batch_curve(run, Path(out_dir) / "batch-curve.png")

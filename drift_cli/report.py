@@ -39,6 +39,21 @@ def method_table(title: str, methods: dict[str, dict]) -> Table:
     return t
 
 
+def batch_curve_table(curve: dict) -> Table:
+    """--batch-sizes: one row per (batch size, method)."""
+    t = Table(title="batch-size curve (speedup and throughput vs ar at the same B)", title_justify="left")
+    for col in ("B", "method", "α", "τ", "speedup [95% CI]", "throughput tok/s", "vs ar", "overhead %",
+                "harness %", "latency p50 / p99 ms"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for r in curve["rows"]:
+        t.add_row(str(r["batch_size"]), r["method"], _f(r.get("acceptance_rate")),
+                  _f(r.get("mean_accepted_length"), "{:.2f}"), _speedup(r),
+                  _f(r.get("throughput_tokens_per_s"), "{:.1f}"), _f(r.get("throughput_speedup"), "{:.2f}"),
+                  _f(r.get("overhead_pct"), "{:.2f}"), _f(r.get("harness_overhead_pct"), "{:.1f}"),
+                  f"{_f(r.get('latency_ms_p50'), '{:.0f}')} / {_f(r.get('latency_ms_p99'), '{:.0f}')}")
+    return t
+
+
 def render_run(run: dict, console: Console, path: str | None = None) -> None:
     status = "" if run.get("complete", True) else " [bold red](INCOMPLETE)[/]"
     head = f"[bold]{run['scenario']}[/] ({run['split']}), γ={run['config'].get('gamma')}, T={run['config'].get('temperature')}"
@@ -56,6 +71,12 @@ def render_run(run: dict, console: Console, path: str | None = None) -> None:
         f"gap closed (α) {_f(c.get('gap_closed_alpha'))}, gap closed (speedup) {_f(c.get('gap_closed_speedup'))}, "
         f"shift penalty {_f(c.get('shift_penalty'))}"
     )
+    for name, m in run["methods"].items():
+        for d in m.get("ar_divergence") or []:
+            console.print(f"[yellow]{name} left ar's output[/] on prompt {d['prompt']} at token {d['position']} "
+                          f"({d['token']} for {d['ar_token']}); the target's top-2 logit gap there: {_f(d['top2_gap'], '{:.2e}')}")
+    if run.get("batch_curve"):
+        console.print(batch_curve_table(run["batch_curve"]))
     skipped = run.get("config", {}).get("methods_skipped") or {}
     for name, why in skipped.items():
         console.print(f"[yellow]skipped {name}[/]: {why}")

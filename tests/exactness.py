@@ -15,9 +15,10 @@ import torch
 from scipy.stats import chisquare
 
 from drift_cli.engine.lm import CausalLM
-from drift_cli.engine.loop import DecodeConfig, generate
+from drift_cli.engine.loop import DecodeConfig, generate, run_stream
 from drift_cli.engine.sampling import Sampler
 from drift_cli.methods.base import DraftPolicy
+from drift_cli.stream import Prompt, Stream
 
 SIGNIFICANCE = 1e-3  # a correct engine fails this test with probability 0.001
 
@@ -49,16 +50,25 @@ def sample_first_tokens(
     top_p: float | None = None,
     gamma: int = 3,
     seed: int = 0,
+    batch: int = 1,
 ) -> dict[tuple[int, ...], int]:
+    """batch 1: `generate` once per sample; batch B: one stream of `samples` copies of the prompt,
+    B rows at a time (continuous batching; adaptive state learns across all of them)."""
     lm = CausalLM(target, "target")
     policy = make_policy()
-    policy.begin_stream()
-    sampler = Sampler(temperature, top_p, torch.Generator().manual_seed(seed))
-    cfg = DecodeConfig(gamma=gamma, max_new_tokens=n_tokens + gamma, temperature=temperature, top_p=top_p)
+    cfg = DecodeConfig(gamma=gamma, max_new_tokens=n_tokens + gamma, temperature=temperature, top_p=top_p,
+                       seed=seed, batch_size=batch)
+    if batch > 1:
+        stream = Stream("exactness", "test", [Prompt(tuple(prompt), f"s{i}") for i in range(samples)], n_tokens + gamma)
+        outputs = [g.output_ids for g in run_stream(lm, policy, stream, cfg).generations]
+    else:
+        policy.begin_stream()
+        sampler = Sampler(temperature, top_p, torch.Generator().manual_seed(seed))
+        outputs = [generate(lm, policy, prompt, cfg, sampler).output_ids for _ in range(samples)]
     counts: dict[tuple[int, ...], int] = {}
-    for _ in range(samples):
-        out = tuple(generate(lm, policy, prompt, cfg, sampler).output_ids[:n_tokens])
-        counts[out] = counts.get(out, 0) + 1
+    for out in outputs:
+        key = tuple(out[:n_tokens])
+        counts[key] = counts.get(key, 0) + 1
     return counts
 
 

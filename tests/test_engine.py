@@ -173,6 +173,6 @@ def test_feedback_carries_the_target_pass_at_every_drafted_position():
     # the logits are the target's head applied to the hidden states it exposes
     torch.testing.assert_close(target.lm_head(fb.target_hidden).float(), fb.target_logits)
     # and they are the target's distributions for [last, x1..xk] of this context
-    ids = torch.cat([fb.context, fb.proposal.tokens], 1)
+    ids = torch.cat([fb.context[0], fb.proposal.tokens[0]])[None]
     full = target(ids).logits[:, -(k + 1):].float()
     torch.testing.assert_close(full, fb.target_logits, rtol=1e-4, atol=1e-4)

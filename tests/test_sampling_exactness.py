@@ -37,7 +37,7 @@ class WrongRule(Biased):
     def propose(self, context, gamma, sampler):
         prop = super().propose(context, gamma, sampler)
         unbiased = sampler.probs(sampler.sampling_logits(prop.base_logits))
-        return Proposal(prop.tokens, unbiased, prop.hidden, prop.base_logits)
+        return Proposal(prop.tokens, unbiased, prop.hidden, prop.base_logits, prop.num_draft)
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +68,45 @@ def test_wrong_rule_is_detected(pair):
     draft, target = pair
     p = sampling_p_value(target, lambda: WrongRule(draft), PROMPT, samples=3000)
     assert p < SIGNIFICANCE, f"the wrong acceptance rule went unnoticed (p = {p:.3f})"
+
+
+# -- batch 4: continuous batching over a stream of copies of the prompt (ragged rows, per-row rollback)
+
+
+def _moving_drift(draft, moved: list, **kw):
+    """DRIFT with a non-zero bias, recording whether the bias moved each draft step's logits."""
+    from drift_cli.drift.config import DriftConfig
+    from drift_cli.methods.drift import DriftMethod
+
+    m = DriftMethod(draft, DriftConfig(gain=3.0, tau=0.0, sigma=1.0, bank_size=16, support=4), **kw)
+    adjust = m.adjust
+
+    def spy(h, z, sampler):
+        out = adjust(h, z, sampler)
+        moved.append(not torch.equal(out, z))
+        return out
+    m.adjust = spy
+    return m
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["vanilla", "drift", "drift-reference"])
+def test_sampling_is_exact_at_batch_4(pair, policy):
+    from tests.drift_books import make_books
+
+    draft, target = pair
+    moved: list[bool] = []
+    make = {"vanilla": lambda: Vanilla(draft),
+            "drift": lambda: _moving_drift(draft, moved),
+            "drift-reference": lambda: _moving_drift(draft, moved, books_factory=make_books, backend="reference")}[policy]
+    p = sampling_p_value(target, make, PROMPT, samples=3000, batch=4)
+    if policy != "vanilla":
+        assert sum(moved) > len(moved) // 2        # most proposals were drawn from a biased q'
+    assert p > SIGNIFICANCE, f"output distribution at batch 4 differs from the target's (p = {p:.2e})"
+
+
+@pytest.mark.slow
+def test_wrong_rule_is_detected_at_batch_4(pair):
+    draft, target = pair
+    p = sampling_p_value(target, lambda: WrongRule(draft), PROMPT, samples=3000, batch=4)
+    assert p < SIGNIFICANCE, f"the wrong acceptance rule went unnoticed at batch 4 (p = {p:.3f})"

@@ -86,7 +86,7 @@ BAD = [
     ("version = 1\n[grid]\nseed = []\n", "[grid] seed is empty: the suite has no cells"),
     ("version = 1\n[base]\nseed = 1\n", "the suite declares no grid"),
     ("version = 1\n[grid\nseed = [0]\n", "not valid TOML"),
-    ("version = 1\n[grid]\nbatch_size = [1, 4]\n", "only batch size 1 exists today"),
+    ("version = 1\n[grid]\nbatch_size = [1, 0]\n", "cell batch_size=0: --batch-size must be at least 1"),
     ("version = 1\n[gird]\nseed = [0]\n", "unknown suite table 'gird' (did you mean 'grid'?)"),
     ("[grid]\nseed = [0]\n", "this drift-bench reads suite version 1"),
     ("version = 1\n[grid]\nseed = 0\n", "[grid] seed must be a list"),

@@ -84,6 +84,8 @@ def decode_options(fn):
         click.option("--max-prompts", type=int, default=None, help="use the first N prompts of the stream"),
         click.option("--max-new-tokens", type=int, default=None, help="override the scenario's generation length"),
         click.option("--gamma", type=int, default=4, show_default=True, help="draft block size"),
+        click.option("--batch-size", type=int, default=1, show_default=True,
+                     help="rows decoded together (continuous batching over the stream)"),
         click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy"),
         click.option("--top-p", type=float, default=None, help="nucleus sampling threshold"),
         click.option("--seed", type=int, default=0, show_default=True),
@@ -102,6 +104,8 @@ def bench_options(fn):
         click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL"),
         click.option("--methods", default="all", show_default=True, help="'all' or a comma-separated list"),
         click.option("--no-control", is_flag=True, help="skip the indist control stream"),
+        click.option("--batch-sizes", default=None,
+                     help="comma-separated batch sizes: the batch-size curve (every method at each size)"),
     ]
     for o in reversed(opts):
         fn = o(fn)

@@ -8,6 +8,11 @@ x_t was actually drawn from (a biased one for DRIFT); at the first rejection dra
 norm(max(p_t - q_t, 0)); when all k are accepted draw the bonus from p_{k+1}. A point-mass
 proposal (model-free drafters) is q_t = one_hot(x_t): acceptance with probability p_t(x_t),
 and the residual is p_t with x_t removed.
+
+Ragged batches: tokens [B, k] with num_draft [B] (row b drafted its first num_draft[b] <= k
+tokens; the rest of its row is padding). Row b's target distributions sit at [b, 0..num_draft[b]]
+(the one after its last drafted token is its bonus); padded positions are never accepted, and a
+row with num_draft 0 just takes the target's token. num_draft None means every row drafted k.
 """
 
 from __future__ import annotations
@@ -20,11 +25,23 @@ def accepted_prefix(ok: torch.Tensor) -> torch.Tensor:
     return ok.long().cumprod(dim=-1).sum(dim=-1)
 
 
-def accept_greedy(tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens [B, k], target_logits [B, k+1, V] -> (accepted [B], next_token [B])."""
+def drafted_mask(tokens: torch.Tensor, num_draft: torch.Tensor | None) -> torch.Tensor | None:
+    """[B, k] True at the positions each row drafted (None: all of them)."""
+    if num_draft is None:
+        return None
+    return torch.arange(tokens.shape[1], device=tokens.device) < num_draft.to(tokens.device)[:, None]
+
+
+def accept_greedy(tokens: torch.Tensor, target_logits: torch.Tensor,
+                  num_draft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens [B, k], target_logits [B, k+1, V], num_draft [B] or None -> (accepted [B], next_token [B])."""
     k = tokens.shape[1]
     best = target_logits.argmax(dim=-1)                     # [B, k+1]
-    accepted = accepted_prefix(tokens == best[:, :k])       # [B]
+    ok = tokens == best[:, :k]
+    drafted = drafted_mask(tokens, num_draft)
+    if drafted is not None:
+        ok &= drafted
+    accepted = accepted_prefix(ok)                          # [B]
     next_token = best.gather(1, accepted[:, None]).squeeze(1)
     return accepted, next_token
 
@@ -34,20 +51,29 @@ def accept_sampling(
     q: torch.Tensor | None,
     p: torch.Tensor,
     generator: torch.Generator | None = None,
+    num_draft: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens [B, k]; q [B, k, V] proposal probs (None: point mass); p [B, k+1, V] target probs.
+    """tokens [B, k]; q [B, k, V] proposal probs (None: point mass); p [B, k+1, V] target probs;
+    num_draft [B] or None (every row drafted k).
 
     Returns (accepted [B], next_token [B]).
     """
     b, k = tokens.shape
     if q is None:
         q = torch.zeros_like(p[:, :k]).scatter_(-1, tokens[..., None], 1.0)
+    drafted = drafted_mask(tokens, num_draft)
+    if drafted is not None:
+        q = q * drafted[..., None]                            # a padded position proposes nothing
     px = p[:, :k].gather(-1, tokens[..., None]).squeeze(-1)   # [B, k]
     qx = q.gather(-1, tokens[..., None]).squeeze(-1)          # [B, k], > 0: x was drawn from q
     u = torch.rand((b, k), generator=generator, device=p.device)
-    accepted = accepted_prefix(u * qx < px)                   # u < p/q, i.e. prob min(1, p/q)
+    ok = u * qx < px                                          # u < p/q, i.e. prob min(1, p/q)
+    if drafted is not None:
+        ok &= drafted
+    accepted = accepted_prefix(ok)
     # Row n of p holds the distribution after n accepted tokens; pad q with a zero row so that
-    # when all k are accepted the "residual" is p_{k+1} itself (the bonus).
+    # when all of a row's drafts are accepted the "residual" is its next p itself (the bonus;
+    # a ragged row's q is zero past its drafts already).
     q_pad = torch.cat([q, torch.zeros_like(p[:, :1])], dim=1)  # [B, k+1, V]
     idx = accepted[:, None, None].expand(-1, 1, p.shape[-1])
     residual = (p.gather(1, idx) - q_pad.gather(1, idx)).squeeze(1).clamp_(min=0)  # [B, V]

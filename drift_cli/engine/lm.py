@@ -8,6 +8,12 @@ embedding (`get_output_embeddings()`): the decoder's last hidden state is exactl
 transformers 5.x renamed the forward argument `past_key_values` to `cache` and made
 `DynamicCache.crop` take a negative count of tokens to drop; `_cache_kwarg` and `_drop` adapt to
 the installed version (tested on 5.17 and the newest release).
+
+Batches (`reset_rows(n)` with n > 1) use `RowCache`, a cache of our own with one committed length
+per row: row b's new keys/values are written at its own positions, its attention mask and
+position ids follow its own length, and rolling a row back is setting its length (the entries
+past it are overwritten by its next forward). n = 1 keeps the `DynamicCache` path, so batch 1
+runs exactly the operations it always ran. docs/engine.md has the choice and its cost.
 """
 
 from __future__ import annotations
@@ -32,8 +38,60 @@ def _drop(cache: DynamicCache, n: int) -> None:
         cache.crop(-n)
 
 
+class RowCache:
+    """Keys/values [slots, heads, capacity, head_dim] per layer, one committed length per slot.
+
+    The model calls `update` once per layer with the new keys [R, H, S, D] of the rows of the
+    current forward (`begin` sets them: slot ids and write positions [R, S]); it returns the
+    keys/values those rows attend over, [R, H, kv_len, D] with kv_len the longest row after the
+    write. Everything a row may not see (other rows' lengths, its own stale tail) is masked by
+    the 4D mask `CausalLM.forward_rows` passes, so stale entries never need clearing.
+    Duck-typed on purpose: no transformers Cache subclass (its layer API moved within 5.x);
+    the models only call `update` when handed a 4D mask and position ids.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.lengths = [0] * slots
+        self.keys: list[torch.Tensor | None] = []
+        self.values: list[torch.Tensor | None] = []
+        self._rows = self._pos = None
+        self._all = True
+        self._kv_len = 0
+
+    def begin(self, slots: list[int], pos: torch.Tensor, kv_len: int) -> None:
+        self._all = slots == list(range(self.slots))
+        self._rows = torch.tensor(slots, device=pos.device)
+        self._pos, self._kv_len = pos, kv_len
+
+    def _buffer(self, store: list, layer: int, like: torch.Tensor) -> torch.Tensor:
+        while len(store) <= layer:
+            store.append(None)
+        buf = store[layer]
+        if buf is None or buf.shape[2] < self._kv_len:
+            cap = max(64, self._kv_len, 2 * (0 if buf is None else buf.shape[2]))
+            new = like.new_zeros(self.slots, like.shape[1], cap, like.shape[3])
+            if buf is not None:
+                new[:, :, :buf.shape[2]] = buf
+            buf = store[layer] = new
+        return buf
+
+    def _write(self, store: list, layer: int, new: torch.Tensor) -> torch.Tensor:
+        buf = self._buffer(store, layer, new)
+        rows = self._rows[:, None]
+        buf[rows, :, self._pos] = new.transpose(1, 2)          # [R, S, H, D] at (row, its positions)
+        return buf[:, :, :self._kv_len] if self._all else buf[self._rows, :, :self._kv_len]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        return self._write(self.keys, layer_idx, key_states), self._write(self.values, layer_idx, value_states)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max(self.lengths)
+
+
 class CausalLM:
-    """One model plus its KV cache. `cache_len` counts the positions the cache holds."""
+    """One model plus its KV cache. `cache_len` counts the positions the cache holds (batch 1);
+    `row_len(slot)` a row's (any batch)."""
 
     def __init__(self, model: torch.nn.Module, name: str = "model") -> None:
         self.model = model.eval()
@@ -43,6 +101,7 @@ class CausalLM:
         self._kw = _cache_kwarg(self.decoder)
         self.cache: DynamicCache | None = None
         self.cache_len = 0
+        self.rows: RowCache | None = None        # set by reset_rows(n > 1)
         self.clock: IterationClock = NullClock()
         self.forward_calls = 0
 
@@ -57,6 +116,71 @@ class CausalLM:
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
         self.cache_len = 0
+        self.rows = None
+
+    # -- batches: one committed length per slot --------------------------------------------------
+
+    def reset_rows(self, slots: int) -> None:
+        """Empty caches for `slots` rows (1: the batch-1 `DynamicCache` path)."""
+        self.reset()
+        if slots > 1:
+            self.rows = RowCache(slots)
+
+    def reset_row(self, slot: int) -> None:
+        """Empty one row's cache (a new prompt takes the slot)."""
+        if self.rows is None:
+            self.reset()
+        else:
+            self.rows.lengths[slot] = 0
+
+    def row_len(self, slot: int) -> int:
+        return self.cache_len if self.rows is None else self.rows.lengths[slot]
+
+    def crop_rows(self, slots: list[int], lengths: list[int]) -> None:
+        """Roll each row back to its own committed length (never a re-prefill)."""
+        if self.rows is None:
+            self.crop(lengths[0])
+            return
+        for s, n in zip(slots, lengths, strict=True):
+            self.rows.lengths[s] = min(self.rows.lengths[s], n)
+
+    @torch.inference_mode()
+    def forward_rows(self, slots: list[int], feeds: list[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run feeds[i] (1-D ids; or a [R, S] tensor: every row S ids) after row slots[i]'s
+        cached prefix, all rows in one pass.
+
+        Returns (hidden [R, S, d], logits [R, S, V]) with S the longest feed; row i's outputs
+        are its first len(feeds[i]) positions (the rest is padding: computed, then rolled back).
+        """
+        if self.rows is None:
+            return self.forward(feeds if isinstance(feeds, torch.Tensor) else feeds[0][None])
+        cache, device = self.rows, self.device
+        if isinstance(feeds, torch.Tensor):
+            ids, sizes = feeds, [feeds.shape[1]] * feeds.shape[0]
+        else:
+            sizes = [len(f) for f in feeds]
+            ids = feeds[0].new_zeros(len(feeds), max(sizes))
+            for i, f in enumerate(feeds):
+                ids[i, :len(f)] = f
+        s = ids.shape[1]
+        start = torch.tensor([cache.lengths[slot] for slot in slots], device=device)
+        pos = start[:, None] + torch.arange(s, device=device)                # [R, S] each row's own positions
+        kv_len = int(start.max()) + s
+        cache.begin(slots, pos, kv_len)
+        # query (row, i) sees key j <= its own position; padding queries are finite tokens of the
+        # row too (so no row of the softmax is empty), rolled back below
+        visible = torch.arange(kv_len, device=device) <= pos[..., None]       # [R, S, kv_len]
+        dtype = self.head.linear.weight.dtype
+        mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
+        with self.clock.span(f"forward_{self.name}"):
+            out = self.decoder(input_ids=ids.to(device), position_ids=pos, attention_mask=mask[:, None],
+                               use_cache=True, **{self._kw: cache})
+            hidden = out.last_hidden_state
+            logits = self.head(hidden)
+        for slot, n in zip(slots, sizes, strict=True):
+            cache.lengths[slot] += n
+        self.forward_calls += 1
+        return hidden, logits
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,15 +1,21 @@
 """The one speculative decoding loop that every method runs through.
 
-Per iteration (batch size 1; tensors keep the batch dimension):
-  1. draft:  the policy proposes k <= gamma tokens (k = 0 for `ar`, or when pld finds no match)
-  2. verify: the target scores [last, x1..xk] in one forward pass (k+1 distributions) and the
-             exact acceptance rule picks the accepted prefix and the correction/bonus token
-  3. roll back both KV caches to the committed sequence (crop, never re-prefill)
-  4. adapt:  the policy observes the feedback
-  5. a StepRecord with the time split draft / verify / adapt / other; on CUDA the clock syncs
-     once, at the iteration boundary (the acceptance decision needs one host read anyway).
+B slots decode together (continuous batching; B = 1 is one slot). Per iteration, for the active
+rows in slot order:
+  1. draft:  the policy proposes a ragged block: row b drafts num_draft[b] <= its budget
+             (`draft_budget`: γ, less near the generation budget; 0 for `ar`, or when pld finds
+             no match)
+  2. verify: the target scores every row's [last, x1..xk] in one forward pass and the exact
+             acceptance rule picks each row's accepted prefix and correction/bonus token
+  3. roll back both KV caches, row by row, to the committed sequences (never re-prefill)
+  4. adapt:  the policy observes the feedback of all rows at once (rows in slot order)
+  5. a StepRecord per row with its share of the iteration's time split draft / verify / adapt /
+     other; on CUDA the clock syncs once, at the iteration boundary (the acceptance decision
+     needs one host read anyway).
+Then every finished row (EOS or budget) hands its slot to the next prompt of the stream, in
+stream order, with a prefill of that row only, before the next iteration.
 
-Cache invariant for the target: it holds the committed sequence minus its last token.
+Cache invariant for the target: each row holds its committed sequence minus its last token.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from drift_cli.engine.acceptance import accept_greedy, accept_sampling
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.sampling import Sampler
 from drift_cli.engine.timing import IterationClock
-from drift_cli.methods.base import DraftPolicy, Feedback, Proposal
+from drift_cli.methods.base import DraftPolicy, Feedback, Proposal, Rows
 from drift_cli.stream import Stream
 
 
@@ -36,12 +42,16 @@ class DecodeConfig:
     top_p: float | None = None
     eos_id: int | None = None
     seed: int = 0
+    batch_size: int = 1          # slots decoded together (continuous batching)
 
 
 @dataclass
 class StepRecord:
+    """One row of one iteration. The times are the row's share of the iteration's (the
+    iteration's divided by its rows), so that they sum to the stream's decode time."""
+
     prompt: int                  # index of the prompt in the stream
-    step: int                    # verification step index within the stream
+    step: int                    # verification step (iteration) index within the stream
     drafted: int
     accepted: int
     emitted: int                 # tokens committed by this iteration (accepted + 1, less after EOS)
@@ -54,6 +64,8 @@ class StepRecord:
     forward_draft_ms: float      # draft model forward passes, inside draft_ms
     forward_target_ms: float     # target forward pass, inside verify_ms
     target_entropy: list[float] = field(default_factory=list)  # nats, per drafted position (T = 1)
+    slot: int = 0                # the row's slot
+    batch: int = 1               # rows in the iteration
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -67,24 +79,37 @@ class Generation:
     steps: list[StepRecord]
     prefill_ms: float
     hit_eos: bool
+    admitted_ms: float = 0.0     # when the prompt took its slot, ms since the stream started
+    finished_ms: float = 0.0     # when its last token was committed, ms since the stream started
 
     @property
     def decode_ms(self) -> float:
         return sum(s.total_ms for s in self.steps)
 
+    @property
+    def latency_ms(self) -> float:
+        """Admission to finish (the prefill and every iteration the row was in)."""
+        return self.finished_ms - self.admitted_ms
 
 
 def draft_budget(gamma: int, max_new_tokens: int, produced: int) -> int:
-    """Tokens to draft in the next iteration: at most γ, and never past the generation budget
-    (the iteration also emits the target's correction or bonus token). 0 or less: draft nothing."""
+    """Tokens a row may draft in the next iteration: at most γ, and never past its generation
+    budget (the iteration also emits the target's correction or bonus token). 0 or less: nothing."""
     return min(gamma, max_new_tokens - produced - 1)
 
+
 def _cut_at_eos(proposal: Proposal, eos_id: int | None) -> Proposal:
-    """Drafting past an EOS is pointless: keep the proposal up to and including the first EOS."""
+    """Drafting past an EOS is pointless: keep each row's drafts up to and including its first EOS."""
     if eos_id is None or proposal.k == 0:
         return proposal
-    hits = (proposal.tokens[0] == eos_id).nonzero()
-    return proposal.truncate(int(hits[0]) + 1) if len(hits) else proposal
+    lengths = proposal.lengths
+    if len(lengths) == 1:                 # batch 1: one device read, as it always was
+        hits = (proposal.tokens[0] == eos_id).nonzero()
+        return proposal.truncate(int(hits[0]) + 1) if len(hits) else proposal
+    cut = []
+    for row, n in zip(proposal.tokens.tolist(), lengths, strict=True):
+        cut.append(next((i + 1 for i, t in enumerate(row[:n]) if t == eos_id), n))
+    return proposal if cut == lengths else proposal.fit(cut)
 
 
 def _entropy(logits: torch.Tensor) -> list[float]:
@@ -93,20 +118,166 @@ def _entropy(logits: torch.Tensor) -> list[float]:
     return (-(logp.exp() * logp).sum(-1)).tolist()
 
 
-def verify(target: CausalLM, context: torch.Tensor, proposal: Proposal, sampler: Sampler):
-    """Score [last, x1..xk] with the target and apply the acceptance rule.
+def verify(target: CausalLM, context: Rows, proposal: Proposal, sampler: Sampler):
+    """Score each row's [last, x1..xk] with the target and apply the acceptance rule.
 
-    Returns (target_hidden [B, k+1, d], target_logits [B, k+1, V], accepted [B], next_token [B]).
+    Returns (target_hidden [B, k+1, d], target_logits [B, k+1, V], accepted [B], next_token [B]);
+    row b's distributions are at [b, 0..num_draft[b]] (past them: copies of its last one).
     """
-    feed = torch.cat([context[:, target.cache_len:], proposal.tokens], dim=1)
-    hidden, logits = target.forward(feed)
-    hidden, logits = hidden[:, -(proposal.k + 1):], logits[:, -(proposal.k + 1):]
+    k = proposal.k
+    if target.rows is None:               # batch 1
+        feed = torch.cat([context.ids[0][target.cache_len:], proposal.tokens[0]])[None]
+        hidden, logits = target.forward(feed)
+        hidden, logits = hidden[:, -(k + 1):], logits[:, -(k + 1):]
+    else:
+        lengths = proposal.lengths
+        feeds = [torch.cat([ids[target.row_len(s):], proposal.tokens[b, :lengths[b]]])
+                 for b, (s, ids) in enumerate(zip(context.slots, context.ids, strict=True))]
+        hidden, logits = target.forward_rows(context.slots, feeds)
+        fed = torch.tensor([len(f) for f in feeds], device=logits.device)
+        drafted = torch.tensor(lengths, device=logits.device)
+        at = (fed - 1 - drafted)[:, None] + torch.arange(k + 1, device=logits.device)      # [B, k+1]
+        at = torch.minimum(at, (fed - 1)[:, None])
+        rows = torch.arange(len(feeds), device=logits.device)[:, None]
+        hidden, logits = hidden[rows, at], logits[rows, at]
     if sampler.greedy:
-        accepted, next_token = accept_greedy(proposal.tokens, logits)
+        accepted, next_token = accept_greedy(proposal.tokens, logits, proposal.num_draft)
     else:
         p = sampler.probs(sampler.sampling_logits(logits))
-        accepted, next_token = accept_sampling(proposal.tokens, proposal.q, p, sampler.generator)
+        accepted, next_token = accept_sampling(proposal.tokens, proposal.q, p, sampler.generator, proposal.num_draft)
     return hidden, logits, accepted, next_token
+
+
+@dataclass
+class _Row:
+    """A slot's prompt while it decodes."""
+
+    index: int
+    prompt_ids: list[int]
+    tenant: str | None
+    ids: torch.Tensor                          # committed ids [L]
+    prefill_ms: float
+    admitted_ms: float
+    steps: list[StepRecord] = field(default_factory=list)
+    produced: int = 0
+    hit_eos: bool = False
+
+
+class Decoder:
+    """Continuous batching of one policy over a sequence of prompts; adaptive state persists.
+
+    The order adaptive state sees: iteration by iteration; inside an iteration, one `observe`
+    with all rows in slot order; rows that finish end (`end_prompt`) in slot order, then the
+    freed slots take the next prompts in stream order (lowest slot first).
+    """
+
+    def __init__(self, target: CausalLM, policy: DraftPolicy, cfg: DecodeConfig, sampler: Sampler) -> None:
+        self.target, self.policy, self.cfg, self.sampler = target, policy, cfg, sampler
+        self.clock = IterationClock(target.device)
+        target.clock = self.clock
+        policy.clock = self.clock
+        self.t0 = time.perf_counter()
+
+    def _now_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1e3
+
+    def admit(self, slot: int, index: int, prompt_ids, tenant: str | None) -> _Row:
+        """The prompt takes the slot: a prefill of that row only."""
+        target, device = self.target, self.target.device
+        ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=device)
+        admitted = self._now_ms()
+        t0 = time.perf_counter()
+        target.reset_row(slot)
+        if len(ids) > 1:
+            target.forward_rows([slot], [ids[:-1]])
+        self.policy.slot = slot
+        self.policy.begin_prompt(ids[None], tenant)
+        self.clock.read()
+        return _Row(index, list(prompt_ids), tenant, ids, (time.perf_counter() - t0) * 1e3, admitted)
+
+    def run(self, prompts, out: list[Generation], step0: int = 0, on_done=None) -> None:
+        """Decode prompts [(stream index, ids, tenant)], appending each finished Generation to
+        `out` (in finishing order; a KeyboardInterrupt leaves the finished ones there)."""
+        cfg, policy, target = self.cfg, self.policy, self.target
+        b = max(1, cfg.batch_size)
+        target.reset_rows(b)
+        policy.begin_batch(b)
+        queue = iter(prompts)
+        slots: list[_Row | None] = [None] * b
+        for s in range(b):
+            nxt = next(queue, None)
+            if nxt is not None:
+                slots[s] = self.admit(s, *nxt)
+        step = step0
+        while any(r is not None for r in slots):
+            interrupt.check()   # a Ctrl-C / SIGTERM that landed in a finaliser is raised here
+            active = [s for s, r in enumerate(slots) if r is not None]
+            rows = [slots[s] for s in active]
+            self.iteration(active, rows, step)
+            step += 1
+            for s, row in zip(active, rows, strict=True):
+                if row.produced >= cfg.max_new_tokens or row.hit_eos:
+                    out.append(self.finish(s, row))
+                    if on_done is not None:
+                        on_done(len(out))
+                    nxt = next(queue, None)
+                    slots[s] = None if nxt is None else self.admit(s, *nxt)
+
+    def finish(self, slot: int, row: _Row) -> Generation:
+        output = row.ids[len(row.prompt_ids):]
+        self.policy.slot = slot
+        self.policy.end_prompt(output[None])
+        return Generation(row.index, row.prompt_ids, output.tolist(), row.steps, row.prefill_ms, row.hit_eos,
+                          row.admitted_ms, self._now_ms())
+
+    def iteration(self, active: list[int], rows: list[_Row], step: int) -> None:
+        cfg, policy, target, sampler, clock = self.cfg, self.policy, self.target, self.sampler, self.clock
+        t_start = time.perf_counter()
+        budget = [draft_budget(cfg.gamma, cfg.max_new_tokens, r.produced) for r in rows]
+        context = Rows(active, [r.ids for r in rows], [r.tenant for r in rows], budget)
+        room = max(budget)
+        with clock.span("draft"):
+            proposal = policy.propose(context, room, sampler) if room > 0 else DraftPolicy.propose(policy, context, 0, sampler)
+            lengths = proposal.lengths
+            fitted = [min(n, max(0, m)) for n, m in zip(lengths, budget, strict=True)]
+            if fitted != lengths:
+                proposal = proposal.fit(fitted)
+            proposal = _cut_at_eos(proposal, cfg.eos_id)
+        with clock.span("verify"):
+            target_hidden, target_logits, accepted, next_token = verify(target, context, proposal, sampler)
+            acc = accepted.tolist()  # the one host read per iteration
+        drafted, nxt = proposal.lengths, next_token.tolist()
+        tokens = proposal.tokens.tolist() if proposal.k else [[] for _ in rows]
+        new_ids, emitted = [], []
+        for r, row in enumerate(rows):
+            new = tokens[r][:acc[r]] + [nxt[r]]
+            if cfg.eos_id is not None and cfg.eos_id in new:
+                new = new[: new.index(cfg.eos_id) + 1]
+                row.hit_eos = True
+            emitted.append(len(new))
+            new_ids.append(torch.cat([row.ids, torch.tensor(new, dtype=torch.long, device=row.ids.device)]))
+        target.crop_rows(active, [len(ids) - 1 for ids in new_ids])
+        committed = context.with_ids(new_ids)
+        policy.commit(committed)
+        with clock.span("adapt"):
+            policy.observe(Feedback(context, proposal, target_logits, accepted, next_token, sampler, step, target_hidden))
+        ms = clock.read()
+        share = 1.0 / len(rows)
+        total = (time.perf_counter() - t_start) * 1e3
+        phases = {name: ms.get(name, 0.0) for name in ("draft", "verify", "adapt")}
+        split = dict(total_ms=total, draft_ms=phases["draft"], verify_ms=phases["verify"], adapt_ms=phases["adapt"],
+                     other_ms=max(0.0, total - sum(phases.values())), adjust_ms=ms.get("adjust", 0.0),
+                     forward_draft_ms=ms.get("forward_draft", 0.0), forward_target_ms=ms.get("forward_target", 0.0))
+        if share != 1.0:
+            split = {name: v * share for name, v in split.items()}
+        for r, row in enumerate(rows):
+            row.steps.append(StepRecord(
+                prompt=row.index, step=step, drafted=drafted[r], accepted=acc[r], emitted=emitted[r], **split,
+                # instrumentation, outside the timed iteration:
+                target_entropy=_entropy(target_logits[r, : drafted[r]]) if drafted[r] else [],
+                slot=active[r], batch=len(rows)))
+            row.ids = new_ids[r]
+            row.produced += emitted[r]
 
 
 def generate(
@@ -120,70 +291,11 @@ def generate(
     step0: int = 0,
     tenant: str | None = None,
 ) -> Generation:
-    """Generate up to cfg.max_new_tokens after one prompt. Batch size 1."""
-    device = target.device
-    clock = IterationClock(device)
-    target.clock = clock
-    policy.clock = clock
-    context = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # [1, P]
-
-    t0 = time.perf_counter()
-    target.reset()
-    if context.shape[1] > 1:
-        target.forward(context[:, :-1])
-    policy.begin_prompt(context, tenant)
-    clock.read()
-    prefill_ms = (time.perf_counter() - t0) * 1e3
-
-    steps: list[StepRecord] = []
-    produced, hit_eos = 0, False
-    while produced < cfg.max_new_tokens and not hit_eos:
-        interrupt.check()   # a Ctrl-C / SIGTERM that landed in a finaliser is raised here
-        t_start = time.perf_counter()
-        room = draft_budget(cfg.gamma, cfg.max_new_tokens, produced)
-        with clock.span("draft"):
-            proposal = policy.propose(context, room, sampler) if room > 0 else DraftPolicy.propose(policy, context, 0, sampler)
-            proposal = _cut_at_eos(proposal, cfg.eos_id)
-        with clock.span("verify"):
-            target_hidden, target_logits, accepted, next_token = verify(target, context, proposal, sampler)
-            n = int(accepted[0])  # the one host read per iteration
-        new = torch.cat([proposal.tokens[:, :n], next_token[:, None]], dim=1)
-        if cfg.eos_id is not None and (new[0] == cfg.eos_id).any():
-            new = new[:, : int((new[0] == cfg.eos_id).nonzero()[0]) + 1]
-            hit_eos = True
-        new_context = torch.cat([context, new], dim=1)
-        target.crop(new_context.shape[1] - 1)
-        policy.commit(new_context)
-        with clock.span("adapt"):
-            policy.observe(Feedback(context, proposal, target_logits, accepted, next_token, sampler,
-                                    step0 + len(steps), target_hidden))
-        ms = clock.read()
-        total = (time.perf_counter() - t_start) * 1e3
-        phases = {name: ms.get(name, 0.0) for name in ("draft", "verify", "adapt")}
-        steps.append(
-            StepRecord(
-                prompt=prompt_index,
-                step=step0 + len(steps),
-                drafted=proposal.k,
-                accepted=n,
-                emitted=new.shape[1],
-                total_ms=total,
-                draft_ms=phases["draft"],
-                verify_ms=phases["verify"],
-                adapt_ms=phases["adapt"],
-                other_ms=max(0.0, total - sum(phases.values())),
-                adjust_ms=ms.get("adjust", 0.0),
-                forward_draft_ms=ms.get("forward_draft", 0.0),
-                forward_target_ms=ms.get("forward_target", 0.0),
-                # instrumentation, outside the timed iteration:
-                target_entropy=_entropy(target_logits[0, : proposal.k]) if proposal.k else [],
-            )
-        )
-        context = new_context
-        produced += new.shape[1]
-    output = context[0, len(prompt_ids):].tolist()
-    policy.end_prompt(context[:, len(prompt_ids):])
-    return Generation(prompt_index, list(prompt_ids), output, steps, prefill_ms, hit_eos)
+    """Generate up to cfg.max_new_tokens after one prompt (batch size 1)."""
+    out: list[Generation] = []
+    one = DecodeConfig(**{**asdict(cfg), "batch_size": 1})
+    Decoder(target, policy, one, sampler).run([(prompt_index, prompt_ids, tenant)], out, step0)
+    return out[0]
 
 
 @dataclass
@@ -192,6 +304,8 @@ class StreamRun:
     generations: list[Generation]
     complete: bool
     report: dict
+    wall_ms: float = 0.0         # the whole stream: prefills, iterations, admissions
+    batch_size: int = 1
 
     @property
     def steps(self) -> list[StepRecord]:
@@ -206,7 +320,8 @@ def run_stream(
     *,
     on_prompt=None,
 ) -> StreamRun:
-    """Run every prompt of a stream in order through one policy; adaptive state persists.
+    """Run every prompt of a stream through one policy, cfg.batch_size rows at a time, prompts
+    admitted in stream order; adaptive state persists. Generations come back in stream order.
 
     A KeyboardInterrupt stops the stream and returns what finished, marked incomplete.
     """
@@ -215,13 +330,14 @@ def run_stream(
     policy.begin_stream()
     out: list[Generation] = []
     complete = True
+    total = len(stream.prompts)
+    decoder = Decoder(target, policy, cfg, sampler)
+    tick = (lambda done: on_prompt(done, total)) if on_prompt is not None else None
     try:
-        for i, prompt in enumerate(stream.prompts):
-            step0 = sum(len(g.steps) for g in out)
-            out.append(generate(target, policy, prompt.ids, cfg, sampler, prompt_index=i, step0=step0, tenant=prompt.tenant))
-            if on_prompt is not None:
-                on_prompt(i + 1, len(stream.prompts))
+        decoder.run([(i, p.ids, p.tenant) for i, p in enumerate(stream.prompts)], out, on_done=tick)
     except KeyboardInterrupt:
         complete = False
+    wall = decoder._now_ms()
     policy.end_stream()
-    return StreamRun(policy.name, out, complete, policy.report())
+    out.sort(key=lambda g: g.prompt_index)
+    return StreamRun(policy.name, out, complete, policy.report(), wall, max(1, cfg.batch_size))

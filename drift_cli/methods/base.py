@@ -5,12 +5,14 @@ feedback. The engine (`drift_cli.engine.loop`) owns the target, the acceptance r
 timing; a policy owns its drafter (a draft LM, an n-gram table, nothing at all for `ar`).
 
 Per iteration the engine calls, in order:
-    propose(context, gamma, sampler) -> Proposal    # timed as "draft"
+    propose(rows, gamma, sampler) -> Proposal       # timed as "draft"
     (target verifies; exact acceptance)             # timed as "verify"
-    commit(new_context)                             # roll caches back to the accepted prefix
+    commit(new_rows)                                # roll caches back to the accepted prefix
     observe(feedback)                               # timed as "adapt"
-Per prompt: begin_prompt / end_prompt; per stream: begin_stream / end_stream. Tensors keep a batch
-dimension B (the engine runs B = 1 today).
+Per stream: begin_stream, begin_batch(slots), ..., end_stream. Per row: begin_prompt / end_prompt,
+with `self.slot` naming the row's slot (0..slots-1). `rows` is a `Rows`: the active rows of the
+iteration in slot order, each with its own committed ids; a proposal is ragged (tokens [B, γ]
+plus num_draft [B]). Batch size 1 is one row in slot 0.
 """
 
 from __future__ import annotations
@@ -27,28 +29,92 @@ from drift_cli.engine.timing import IterationClock, NullClock
 
 
 @dataclass
+class Rows:
+    """The rows of one decoding iteration, in slot order."""
+
+    slots: list[int]
+    ids: list[torch.Tensor]                  # per row: its committed ids [L_b] (prompt + output so far)
+    tenants: list[str | None]
+    budget: list[int] | None = None          # per row: the most it may draft now (propose only; None: gamma)
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.ids[i]
+
+    def budgets(self, gamma: int) -> list[int]:
+        """Each row's draft budget, at most gamma."""
+        return [gamma] * len(self) if self.budget is None else [max(0, min(gamma, b)) for b in self.budget]
+
+    def with_ids(self, ids: list[torch.Tensor]) -> "Rows":
+        return Rows(self.slots, ids, self.tenants)
+
+
+def as_rows(context: "Rows | torch.Tensor") -> Rows:
+    """A [B, L] tensor (one prompt per row, slots 0..B-1, no tenant) as `Rows`; `Rows` as they are."""
+    if isinstance(context, Rows):
+        return context
+    return Rows(list(range(context.shape[0])), list(context), [None] * context.shape[0])
+
+
+@dataclass
 class Proposal:
     tokens: torch.Tensor                     # [B, k] int64; k may be 0 (nothing drafted)
+    #                                          row b's drafts are tokens[b, :num_draft[b]], the rest padding
     q: torch.Tensor | None = None            # [B, k, V] the distribution each token was drawn from
     #                                          (after any adjustment); None when greedy or when the
     #                                          proposal is a point mass (model-free drafters)
     hidden: torch.Tensor | None = None       # [B, k, d] draft hidden state (lm_head input) per position
     base_logits: torch.Tensor | None = None  # [B, k, V] raw draft logits before any adjustment
+    num_draft: torch.Tensor | None = None    # [B] int64 on the CPU: tokens drafted per row (None: k each)
 
     @property
     def k(self) -> int:
+        """The proposal's width: the most any row drafted."""
         return self.tokens.shape[1]
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens drafted per row."""
+        return [self.k] * self.tokens.shape[0] if self.num_draft is None else self.num_draft.tolist()
 
     def truncate(self, k: int) -> "Proposal":
         cut = lambda t: None if t is None else t[:, :k]  # noqa: E731
-        return Proposal(self.tokens[:, :k], cut(self.q), cut(self.hidden), cut(self.base_logits))
+        nd = None if self.num_draft is None else self.num_draft.clamp(max=k)
+        return Proposal(self.tokens[:, :k], cut(self.q), cut(self.hidden), cut(self.base_logits), nd)
+
+    def fit(self, lengths: list[int]) -> "Proposal":
+        """The proposal with row b cut to lengths[b] <= its drafts, the width to the longest."""
+        width = max(lengths, default=0)
+        if all(n == width for n in lengths):
+            return self if width == self.k and self.num_draft is None else self.truncate(width).uniform()
+        out = self.truncate(width)
+        out.num_draft = torch.tensor(lengths, dtype=torch.long)
+        return out
+
+    def uniform(self) -> "Proposal":
+        self.num_draft = None
+        return self
+
+
+def ragged(rows: list[list[int]], device) -> Proposal:
+    """A point-mass proposal from per-row token lists (model-free drafters)."""
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, :len(r)] = torch.tensor(r, dtype=torch.long)
+    lengths = [len(r) for r in rows]
+    nd = None if all(n == width for n in lengths) else torch.tensor(lengths, dtype=torch.long)
+    return Proposal(tokens=ids.to(device), num_draft=nd)
 
 
 @dataclass
 class Feedback:
-    """What verification revealed, at every drafted position (accepted or not)."""
+    """What verification revealed, at every drafted position (accepted or not). Row b's
+    positions are its first proposal.lengths[b] (+1 for target_logits); the rest is padding."""
 
-    context: torch.Tensor        # [B, L] committed ids before this iteration (prompt + output so far)
+    context: Rows                # the rows' committed ids before this iteration (prompt + output so far)
     proposal: Proposal
     target_logits: torch.Tensor  # [B, k+1, V] raw target logits for positions [last, x1..xk]
     accepted: torch.Tensor       # [B] int64: accepted draft tokens
@@ -99,6 +165,7 @@ class DraftPolicy:
     configs: ClassVar[tuple[type, ...]] = ()
 
     clock: IterationClock = NullClock()
+    slot: int = 0                            # the row begin_prompt / end_prompt are about (set by the engine)
 
     @classmethod
     def build(cls, ctx: MethodContext) -> "DraftPolicy":
@@ -107,21 +174,25 @@ class DraftPolicy:
     def begin_stream(self) -> None:
         """Reset adaptive state: called once before the first prompt of a stream."""
 
+    def begin_batch(self, slots: int) -> None:
+        """The engine decodes `slots` rows at once from now on (before their first prompts)."""
+
     def begin_prompt(self, prompt: torch.Tensor, tenant: str | None = None) -> None:
-        """prompt: [B, P]. Prefill caches, switch tenant."""
+        """prompt: [1, P], the new prompt of row `self.slot`. Prefill its caches, note its tenant."""
 
-    def propose(self, context: torch.Tensor, gamma: int, sampler: Sampler) -> Proposal:
-        """Draft up to gamma tokens after context [B, L]."""
-        return Proposal(tokens=context.new_empty((context.shape[0], 0)))
+    def propose(self, context: Rows, gamma: int, sampler: Sampler) -> Proposal:
+        """Draft up to gamma tokens (and row b at most context.budget[b]) after each row."""
+        rows = as_rows(context)
+        return Proposal(tokens=torch.empty((len(rows), 0), dtype=torch.long, device=rows.ids[0].device))
 
-    def commit(self, context: torch.Tensor) -> None:
-        """The committed sequence [B, L'] after verification: roll caches back to it."""
+    def commit(self, context: Rows) -> None:
+        """The rows' committed sequences after verification: roll caches back to them."""
 
     def observe(self, feedback: Feedback) -> None:
         """Learn from verification (timed as adaptation)."""
 
     def end_prompt(self, output: torch.Tensor) -> None:
-        """output: [B, n] the ids generated for the prompt."""
+        """output: [1, n] the ids generated for row `self.slot`'s prompt, which has finished."""
 
     def end_stream(self) -> None:
         """After the last prompt of a stream (also after an interrupt): persist state, if any."""
@@ -149,23 +220,28 @@ class ModelDraftPolicy(DraftPolicy):
         assert ctx.draft is not None, f"method {cls.name} needs a draft model"
         return cls(ctx.draft)
 
+    def begin_batch(self, slots: int) -> None:
+        self.lm.reset_rows(slots)
+
     def begin_prompt(self, prompt: torch.Tensor, tenant: str | None = None) -> None:
-        self.lm.reset()
+        self.lm.reset_row(self.slot)
         self.lm.clock = self.clock
         if prompt.shape[1] > 1:
-            self.lm.forward(prompt[:, :-1])
+            self.lm.forward_rows([self.slot], [prompt[0, :-1]])
 
     def adjust(self, hidden: torch.Tensor, logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
         """hidden [B, d], sampling-space logits [B, V] -> the logits to draw from. Identity here."""
         return logits
 
     @torch.inference_mode()
-    def propose(self, context: torch.Tensor, gamma: int, sampler: Sampler) -> Proposal:
-        feed = context[:, self.lm.cache_len:]
+    def propose(self, context: Rows, gamma: int, sampler: Sampler) -> Proposal:
+        """γ batched draft steps for every row; a row with a smaller budget keeps its first ones."""
+        context = as_rows(context)
+        feed: list[torch.Tensor] | torch.Tensor = [ids[self.lm.row_len(s):] for s, ids in zip(context.slots, context.ids)]
         tokens, qs, hs, zs = [], [], [], []
         for _ in range(gamma):
-            h, z = self.lm.forward(feed)
-            h, z = h[:, -1], z[:, -1]                      # [B, d], [B, V]
+            h, z = self.lm.forward_rows(context.slots, feed)
+            h, z = last_positions(h, feed), last_positions(z, feed)   # [B, d], [B, V]
             logits = sampler.sampling_logits(z)            # the engine's conversion, untimed
             with self.clock.span("adjust"):                # the method's own adjustment only
                 logits = self.adjust(h, logits, sampler)
@@ -183,7 +259,16 @@ class ModelDraftPolicy(DraftPolicy):
             q=torch.stack(qs, 1) if qs else None,
             hidden=torch.stack(hs, 1),
             base_logits=torch.stack(zs, 1),
-        )
+        ).fit(context.budgets(gamma))
 
-    def commit(self, context: torch.Tensor) -> None:
-        self.lm.crop(context.shape[1] - 1)
+    def commit(self, context: Rows) -> None:
+        context = as_rows(context)
+        self.lm.crop_rows(context.slots, [len(ids) - 1 for ids in context.ids])
+
+
+def last_positions(x: torch.Tensor, feed: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    """x [B, S, ...] from `CausalLM.forward_rows(feed)` -> [B, ...] at each row's last fed position."""
+    if isinstance(feed, torch.Tensor) or all(len(f) == x.shape[1] for f in feed):
+        return x[:, -1]
+    last = torch.tensor([len(f) - 1 for f in feed], device=x.device)
+    return x[torch.arange(x.shape[0], device=x.device), last]

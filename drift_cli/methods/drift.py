@@ -7,6 +7,10 @@ drafted position in order, from the target's and the draft's unbiased distributi
 One bank per tenant (`begin_prompt(prompt, tenant)`); banks persist across the prompts of a
 stream and are rebuilt by `begin_stream` (from `--bank-in` when given).
 
+Batches: each row uses its tenant's bank. A draft step retrieves for all of a tenant's rows at
+once; `observe` updates each tenant's bank once per iteration with its rows' drafted positions,
+rows in slot order, each row's positions in order. Rows of other tenants never touch it.
+
 `--key target-est` (drift_cli/drift/keymap.py): queries and keys are the draft state mapped by a
 per-tenant ridge map to an estimate of the target's hidden state; a tenant's bank (dim d_target)
 is created at the map's first fit and re-keyed from its draft-space shadow at every refit.
@@ -27,7 +31,7 @@ from drift_cli.drift.keymap import DraftShadow, KeyMapSpec, RidgeKeyMap
 from drift_cli.drift.snapshot import load_bank, save_bank
 from drift_cli.engine.sampling import Sampler
 from drift_cli.errors import BadInput
-from drift_cli.methods.base import Feedback, MethodContext, ModelDraftPolicy, Proposal
+from drift_cli.methods.base import Feedback, MethodContext, ModelDraftPolicy, Proposal, Rows, as_rows
 from drift_kernels import Neighbours
 
 DEFAULT_TENANT = "default"
@@ -66,7 +70,9 @@ class DriftMethod(ModelDraftPolicy):
         self.key_map = key_map
         self.keymaps: dict[str, RidgeKeyMap] = {}
         self.shadows: dict[str, DraftShadow] = {}
-        self._pending: list[Neighbours | None] = []
+        self.slot_tenants: dict[int, str] = {}          # slot -> the tenant of its prompt
+        self._groups: dict[str, list[int]] = {}          # the proposal's rows by tenant, in slot order
+        self._pending: list[dict[str, Neighbours | None]] = []   # per draft step: tenant -> retrieval
         self._saved = False
         self._save_error: str | None = None
         if bank_in is not None and not bank_in.exists():
@@ -90,6 +96,7 @@ class DriftMethod(ModelDraftPolicy):
 
     def begin_stream(self) -> None:
         self.banks, self.bank, self._saved, self._save_error = {}, None, False, None
+        self.slot_tenants, self._groups = {}, {}
         self.keymaps, self.shadows = {}, {}
         if self.bank_in is not None:
             for tenant, path in snapshot_files(self.bank_in).items():
@@ -99,27 +106,44 @@ class DriftMethod(ModelDraftPolicy):
     def begin_prompt(self, prompt: torch.Tensor, tenant: str | None = None) -> None:
         super().begin_prompt(prompt, tenant)
         self.tenant = tenant = tenant or DEFAULT_TENANT
+        self.slot_tenants[self.slot] = tenant
         if tenant not in self.banks and not self.target_keyed:    # target-est: created at the first fit
             self.banks[tenant] = self._new_bank(tenant)
         self.bank = self.banks.get(tenant)
 
     # -- draft step ----------------------------------------------------------------------------
 
-    def propose(self, context: torch.Tensor, gamma: int, sampler: Sampler) -> Proposal:
+    def propose(self, context: Rows, gamma: int, sampler: Sampler) -> Proposal:
+        context = as_rows(context)
+        self._groups = {}
+        for i, slot in enumerate(context.slots):
+            self._groups.setdefault(self.slot_tenants.get(slot, self.tenant), []).append(i)
         self._pending = []
-        if self.bank is not None:
-            self.bank.begin_draft()
+        for tenant in self._groups:
+            if (bank := self.banks.get(tenant)) is not None:
+                bank.begin_draft()
         return super().propose(context, gamma, sampler)
 
     def adjust(self, hidden: torch.Tensor, logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
-        """hidden [B, d], sampling-space logits [B, V] -> logits + λβ (unchanged while the bank is empty)."""
-        bank = self.bank
+        """hidden [B, d], sampling-space logits [B, V] -> logits + λβ, each row from its tenant's
+        bank (unchanged while that bank is empty)."""
+        step: dict[str, Neighbours | None] = {}
+        self._pending.append(step)
+        if len(self._groups) == 1:
+            tenant = next(iter(self._groups))
+            out, step[tenant] = self._tenant_step(tenant, hidden, logits)
+            return out
+        out = logits.clone()
+        for tenant, rows in self._groups.items():
+            ix = torch.tensor(rows, device=logits.device)
+            out[ix], step[tenant] = self._tenant_step(tenant, hidden[ix], logits[ix])
+        return out
+
+    def _tenant_step(self, tenant: str, hidden: torch.Tensor, logits: torch.Tensor):
+        bank = self.banks.get(tenant)
         if bank is None:                                  # target-est before the map's first fit
-            self._pending.append(None)
-            return logits
-        adjusted, nb = bank.draft_step(self.keymaps[self.tenant].map(hidden) if self.target_keyed else hidden, logits)
-        self._pending.append(nb)
-        return adjusted
+            return logits, None
+        return bank.draft_step(self.keymaps[tenant].map(hidden) if self.target_keyed else hidden, logits)
 
     # -- update --------------------------------------------------------------------------------
 
@@ -131,36 +155,54 @@ class DriftMethod(ModelDraftPolicy):
         prop = feedback.proposal
         if prop.k == 0 or prop.hidden is None:
             return
-        bank = self.bank
-        if bank is not None and bank.native and not self.target_keyed:
+        for tenant, rows in self._groups.items():     # each bank once, its rows in slot order
+            self.tenant, self.bank = tenant, self.banks.get(tenant)
+            self._observe_tenant(feedback, rows)
+
+    def _observe_tenant(self, feedback: Feedback, rows: list[int]) -> None:
+        prop, bank = feedback.proposal, self.bank
+        whole = len(rows) == prop.tokens.shape[0] and prop.num_draft is None   # every row, k drafts each
+        if bank is not None and bank.native and not self.target_keyed and whole:
             # the Rust path reads the tensors in place: no tensor operation, so no inference-mode
             # guard either (entering one costs microseconds in this loop)
             bank.observe_drafted(prop.hidden, feedback.target_logits, prop.base_logits, prop.k,
                                  1.0 if feedback.sampler.greedy else feedback.sampler.temperature)
             return
+        at = None if whole else _drafted_positions(prop, rows)
+        if at is not None and len(at[2]) == 0:
+            return
         with torch.inference_mode():
             if bank is not None:
-                self._update_bank(feedback)
+                self._update_bank(feedback, rows, at)
             if self.target_keyed:      # after the bank update, which used the map of the draft step
-                self._learn_key_map(feedback)
+                self._learn_key_map(feedback) if at is None else self._learn_key_map(feedback, at)
 
-    def _update_bank(self, feedback: Feedback) -> None:
-        """The update through tensor operations (devices, the reference, target-est)."""
+    def _update_bank(self, feedback: Feedback, rows: list[int], at) -> None:
+        """The update through tensor operations (devices, the reference, target-est, ragged rows).
+        at: None (every row of the batch, k positions each) or `_drafted_positions`."""
         prop = feedback.proposal
         k = prop.k
         b = prop.tokens.shape[0]
         temp = 1.0 if feedback.sampler.greedy else feedback.sampler.temperature
         v = prop.base_logits.shape[-1]
         # unnormalised log p, log q at temperature `temp`: the bank normalises only where it must
-        logp = feedback.target_logits[:, :k].float().reshape(b * k, v)
-        logq = prop.base_logits.float().reshape(b * k, v)
+        if at is None:
+            logp = feedback.target_logits[:, :k].float().reshape(b * k, v)
+            logq = prop.base_logits.float().reshape(b * k, v)
+            hidden = prop.hidden.reshape(b * k, -1)
+            nb = self._neighbours(b, k)
+        else:
+            row, pos, flat = at
+            logp = feedback.target_logits[row, pos].float()
+            logq = prop.base_logits[row, pos].float()
+            hidden = prop.hidden[row, pos]
+            nb = _select(self._neighbours(len(rows), k), flat)
         if temp != 1.0:
             logp, logq = logp / temp, logq / temp
-        hidden = prop.hidden.reshape(b * k, -1)
         if self.target_keyed:
-            self._observe_target_keyed(hidden, self._neighbours(b, k), logp, logq)
+            self._observe_target_keyed(hidden, nb, logp, logq)
         else:
-            self.bank.observe(hidden, self._neighbours(b, k), logp, logq)
+            self.bank.observe(hidden, nb, logp, logq)
 
     def _observe_target_keyed(self, hidden: torch.Tensor, nb: Neighbours, logp: torch.Tensor,
                               logq: torch.Tensor) -> None:
@@ -171,7 +213,7 @@ class DriftMethod(ModelDraftPolicy):
         shadow.update(done.matched, done.rates, hidden)
         shadow.allocate(done.allocations, hidden)
 
-    def _learn_key_map(self, feedback: Feedback) -> None:
+    def _learn_key_map(self, feedback: Feedback, at=None) -> None:
         """Add this iteration's (draft, target) pairs; at a (re)fit create or re-key the tenant's bank.
 
         prop.hidden[:, i] (the draft state whose head drew x_{i+1}) and target_hidden[:, i] (the
@@ -181,8 +223,11 @@ class DriftMethod(ModelDraftPolicy):
         if target_hidden is None:
             return
         k, tenant = prop.k, self.tenant
-        x = prop.hidden.reshape(-1, prop.hidden.shape[-1])                     # [B·k, d_draft]
-        y = target_hidden[:, :k].reshape(-1, target_hidden.shape[-1])          # [B·k, d_target]
+        if at is None:
+            x = prop.hidden.reshape(-1, prop.hidden.shape[-1])                 # [B·k, d_draft]
+            y = target_hidden[:, :k].reshape(-1, target_hidden.shape[-1])      # [B·k, d_target]
+        else:
+            x, y = prop.hidden[at[0], at[1]], target_hidden[at[0], at[1]]
         keymap = self.keymaps.get(tenant)
         if keymap is None:
             spec = self.key_map
@@ -197,12 +242,14 @@ class DriftMethod(ModelDraftPolicy):
             self.shadows[tenant].rekey(self.bank.keys, self.bank.valid, keymap)
 
     def _neighbours(self, b: int, k: int) -> Neighbours:
-        """The draft step's retrievals for the k drafted positions, as [B·k, neighbours] (batch-major)."""
+        """The current tenant's draft-step retrievals for its b rows' k drafted positions, as
+        [b·k, neighbours] (batch-major)."""
         recorded = self.bank.drafted(b, k)
         if recorded is not None:
             return recorded
         kn, dev = self.cfg.neighbors, self.device
-        steps = [nb if nb is not None else _no_neighbours(b, kn, dev) for nb in self._pending[:k]]
+        steps = [step.get(self.tenant) for step in self._pending[:k]]
+        steps = [nb if nb is not None else _no_neighbours(b, kn, dev) for nb in steps]
         if dev.type == "cpu":            # numpy stacking: cheaper than three torch calls
             stack = lambda name: torch.from_numpy(  # noqa: E731
                 np.stack([getattr(nb, name).numpy() for nb in steps], 1).reshape(b * k, kn))
@@ -242,6 +289,27 @@ class DriftMethod(ModelDraftPolicy):
             out["key_map"] = {"memory_bytes": key_map_bytes,
                               "tenants": {name: m.stats() for name, m in self.keymaps.items()}}
         return out
+
+
+def _drafted_positions(prop: Proposal, rows: list[int]):
+    """The drafted positions of these rows, in order: (row index [P], position [P], flat [P]), where
+    flat indexes the rows' [len(rows)·k] batch-major retrievals."""
+    lengths = prop.lengths
+    k = prop.k
+    row = [r for r in rows for _ in range(lengths[r])]
+    pos = [t for r in rows for t in range(lengths[r])]
+    flat = [i * k + t for i, r in enumerate(rows) for t in range(lengths[r])]
+    dev = prop.tokens.device
+    return torch.tensor(row, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev), flat
+
+
+def _select(nb: Neighbours, flat: list[int]) -> Neighbours:
+    """Rows `flat` of retrievals held as numpy arrays (the CPU bank's record) or tensors."""
+    if isinstance(nb.idx, np.ndarray):
+        ix = np.asarray(flat, dtype=np.int64)
+        return Neighbours(nb.idx[ix], nb.sim[ix], nb.weight[ix])
+    ix = torch.tensor(flat, dtype=torch.long, device=nb.idx.device)
+    return Neighbours(nb.idx[ix], nb.sim[ix], nb.weight[ix])
 
 
 def snapshot_files(path: Path) -> dict[str, Path]:

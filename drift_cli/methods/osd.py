@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from drift_cli.errors import BadInput
-from drift_cli.methods.base import Feedback, MethodContext, ModelDraftPolicy
+from drift_cli.methods.base import Feedback, MethodContext, ModelDraftPolicy, Rows, as_rows
 from drift_cli.osd.buffer import ReplayBuffer, entries_from_feedback, target_temperature
 from drift_cli.osd.config import OSDConfig
 from drift_cli.osd.trainer import DraftTrainer, UpdateStats, now_ms
@@ -52,7 +52,7 @@ class OnlineDistillation(ModelDraftPolicy):
         self.generator = torch.Generator().manual_seed(self.seed)
         self.stats = UpdateStats()
         self.verifications = 0                                 # verification steps observed in this stream
-        self._committed: torch.Tensor | None = None
+        self._committed: Rows | None = None
 
     # -- stream / prompt -----------------------------------------------------------------------
 
@@ -63,9 +63,9 @@ class OnlineDistillation(ModelDraftPolicy):
                 mine.copy_(theirs)
         self._fresh_state()
 
-    def commit(self, context: torch.Tensor) -> None:
+    def commit(self, context: Rows) -> None:
         super().commit(context)
-        self._committed = context                              # [B, L'] for the re-prefill after an update
+        self._committed = as_rows(context)                     # the rows, for the re-prefill after an update
 
     # -- adaptation ----------------------------------------------------------------------------
 
@@ -95,10 +95,15 @@ class OnlineDistillation(ModelDraftPolicy):
 
     def _rebuild_cache(self) -> None:
         """Re-prefill the draft cache with the committed sequence minus its last token (the
-        `ModelDraftPolicy` cache invariant) under the new weights."""
-        self.lm.reset()
-        if self._committed is not None and self._committed.shape[1] > 1:
-            self.lm.forward(self._committed[:, :-1])
+        `ModelDraftPolicy` cache invariant) under the new weights, every row (a weight change,
+        not a rollback: rollbacks never re-prefill)."""
+        if self._committed is None:
+            self.lm.reset_row(0)
+            return
+        for slot, ids in zip(self._committed.slots, self._committed.ids, strict=True):
+            self.lm.reset_row(slot)
+            if len(ids) > 1:
+                self.lm.forward_rows([slot], [ids[:-1]])
 
     # -- figures -------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ down to 1) against earlier positions of the same context and proposes up to γ t
 followed the most recent earlier occurrence; no match drafts nothing (the target emits one
 token). The proposal is a point mass (`Proposal.q = None`), which the acceptance rule handles
 exactly. An incremental index (n-gram -> last position it was followed from) makes a lookup
-O(max_ngram) instead of a scan of the context.
+O(max_ngram) instead of a scan of the context. Batches: one index per slot (its row's context).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from drift_cli.engine.sampling import Sampler
 from drift_cli.knobs import Settings, at_least, knob
-from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal
+from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal, Rows, as_rows, ragged
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,13 @@ class PromptLookup(DraftPolicy):
 
     def __init__(self, cfg: PldConfig = PldConfig()) -> None:
         self.cfg = cfg.validate()
-        self.index = NgramIndex(self.cfg.max_ngram)
+        self.indexes: dict[int, NgramIndex] = {0: NgramIndex(self.cfg.max_ngram)}   # slot -> its row's index
         self.peak_entries = 0
+
+    @property
+    def index(self) -> NgramIndex:
+        """Slot 0's index (batch size 1's only row)."""
+        return self.indexes[0]
 
     @classmethod
     def build(cls, ctx: MethodContext) -> "PromptLookup":
@@ -73,21 +78,25 @@ class PromptLookup(DraftPolicy):
         self.peak_entries = 0
 
     def begin_prompt(self, prompt: torch.Tensor, tenant: str | None = None) -> None:
-        self.index = NgramIndex(self.cfg.max_ngram)
+        index = self.indexes[self.slot] = NgramIndex(self.cfg.max_ngram)
         for t in prompt[0].tolist():
-            self.index.append(t)
+            index.append(t)
 
-    def propose(self, context: torch.Tensor, gamma: int, sampler: Sampler) -> Proposal:
-        tokens = self.index.lookup(gamma) if gamma > 0 else []
-        ids = torch.tensor([tokens], dtype=torch.long).to(context.device)   # [1, k]
-        return Proposal(tokens=ids.view(1, len(tokens)))
+    def propose(self, context: Rows, gamma: int, sampler: Sampler) -> Proposal:
+        context = as_rows(context)
+        found = [self.indexes[s].lookup(n) if n > 0 else []
+                 for s, n in zip(context.slots, context.budgets(gamma), strict=True)]
+        return ragged(found, context.ids[0].device)
 
-    def commit(self, context: torch.Tensor) -> None:
-        for t in context[0, len(self.index.ids):].tolist():
-            self.index.append(t)
+    def commit(self, context: Rows) -> None:
+        context = as_rows(context)
+        for s, ids in zip(context.slots, context.ids, strict=True):
+            index = self.indexes[s]
+            for t in ids[len(index.ids):].tolist():
+                index.append(t)
 
     def end_prompt(self, output: torch.Tensor) -> None:
-        self.peak_entries = max(self.peak_entries, self.index.entries)
+        self.peak_entries = max(self.peak_entries, self.indexes[self.slot].entries)
 
     def report(self) -> dict[str, Any]:
         return {"pld_max_ngram": self.cfg.max_ngram, "pld_index_entries_peak": self.peak_entries}

@@ -8,7 +8,8 @@ Two suffix tries (`drift_cli.suffix_tree`) are searched each iteration with the 
     all tenants, oldest outputs evicted first.
 Each trie offers its best draft (most frequent continuation, length <= min(γ, match length x
 --suffix-max-spec-factor), path probability >= --suffix-min-token-prob); the higher-scoring one
-is proposed as a point mass (`Proposal.q = None`).
+is proposed as a point mass (`Proposal.q = None`). Batches: one prompt trie per slot; rows of a
+tenant share its stream trie, which a row's output joins when the row finishes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from drift_cli.engine.sampling import Sampler
 from drift_cli.knobs import Settings, at_least, between, knob
-from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal
+from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal, Rows, as_rows, ragged
 from drift_cli.suffix_tree import Draft, SuffixCache, SuffixTrie
 
 DEFAULT_TENANT = "default"
@@ -59,46 +60,64 @@ class SuffixDecoding(DraftPolicy):
 
     def begin_stream(self) -> None:
         self.cache = SuffixCache(self.cfg.max_depth, self.cfg.max_tokens)
-        self.local = SuffixTrie(self.cfg.max_depth)
-        self.tenant = DEFAULT_TENANT
+        self.locals: dict[int, SuffixTrie] = {0: SuffixTrie(self.cfg.max_depth)}   # slot -> prompt trie
+        self.tenants: dict[int, str] = {0: DEFAULT_TENANT}
         self.peak_prompt_nodes = 0
         self.drafts_from = {"prompt": 0, "stream": 0}
 
+    @property
+    def local(self) -> SuffixTrie:
+        """Slot 0's prompt trie (batch size 1's only row)."""
+        return self.locals[0]
+
+    @property
+    def tenant(self) -> str:
+        return self.tenants[0]
+
     def begin_prompt(self, prompt: torch.Tensor, tenant: str | None = None) -> None:
-        self.tenant = tenant or DEFAULT_TENANT
-        self.local = SuffixTrie(self.cfg.max_depth)
-        self.local.extend(PROMPT_DOC, prompt[0].tolist())
+        self.tenants[self.slot] = tenant or DEFAULT_TENANT
+        local = self.locals[self.slot] = SuffixTrie(self.cfg.max_depth)
+        local.extend(PROMPT_DOC, prompt[0].tolist())
 
     @property
     def _context(self) -> list[int]:
-        return self.local.docs.get(PROMPT_DOC, [])
+        return self._row_context(0)
 
-    def draft(self, gamma: int) -> tuple[Draft, str]:
-        """The better of the prompt trie's and the stream trie's drafts for the current context."""
-        ctx = self._context
+    def _row_context(self, slot: int) -> list[int]:
+        return self.locals[slot].docs.get(PROMPT_DOC, [])
+
+    def draft(self, gamma: int, slot: int = 0) -> tuple[Draft, str]:
+        """The better of the prompt trie's and the stream trie's drafts for the slot's context."""
+        ctx = self._row_context(slot)
         pattern = ctx[len(ctx) - min(len(ctx), self.cfg.max_depth):]
         args = (gamma, self.cfg.max_spec_factor, self.cfg.min_token_prob)
-        best, source = self.local.speculate(pattern, *args), "prompt"
-        stream = self.cache.tree(self.tenant)
+        best, source = self.locals[slot].speculate(pattern, *args), "prompt"
+        stream = self.cache.tree(self.tenants[slot])
         if stream is not None:
             other = stream.speculate(pattern, *args)
             if other.score > best.score:
                 best, source = other, "stream"
         return best, source
 
-    def propose(self, context: torch.Tensor, gamma: int, sampler: Sampler) -> Proposal:
-        found, source = self.draft(gamma) if gamma > 0 else (Draft(), "")
-        if found.tokens:
-            self.drafts_from[source] += 1
-        ids = torch.tensor([found.tokens], dtype=torch.long).to(context.device)   # [1, k], k <= γ
-        return Proposal(tokens=ids.view(1, len(found.tokens)))
+    def propose(self, context: Rows, gamma: int, sampler: Sampler) -> Proposal:
+        context = as_rows(context)
+        rows = []
+        for s, n in zip(context.slots, context.budgets(gamma), strict=True):
+            found, source = self.draft(n, s) if n > 0 else (Draft(), "")
+            if found.tokens:
+                self.drafts_from[source] += 1
+            rows.append(list(found.tokens))                                 # k <= its budget <= γ
+        return ragged(rows, context.ids[0].device)
 
-    def commit(self, context: torch.Tensor) -> None:
-        self.local.extend(PROMPT_DOC, context[0, len(self._context):].tolist())
+    def commit(self, context: Rows) -> None:
+        context = as_rows(context)
+        for s, ids in zip(context.slots, context.ids, strict=True):
+            self.locals[s].extend(PROMPT_DOC, ids[len(self._row_context(s)):].tolist())
 
     def end_prompt(self, output: torch.Tensor) -> None:
-        self.peak_prompt_nodes = max(self.peak_prompt_nodes, self.local.nodes)
-        self.cache.add(self.tenant, output[0].tolist())
+        local = self.locals[self.slot]
+        self.peak_prompt_nodes = max(self.peak_prompt_nodes, local.nodes)
+        self.cache.add(self.tenants[self.slot], output[0].tolist())
 
     def report(self) -> dict[str, Any]:
         return {

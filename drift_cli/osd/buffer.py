@@ -54,8 +54,9 @@ def entries_from_feedback(feedback: Feedback, topk: int, all_positions: bool) ->
     prop = feedback.proposal
     temp = target_temperature(feedback)
     out: list[BufferEntry] = []
+    lengths = prop.lengths                        # ragged rows: row b drafted lengths[b] <= k
     for b in range(prop.tokens.shape[0]):
-        for j in buffered_slots(int(feedback.accepted[b]), prop.k, all_positions):
+        for j in buffered_slots(int(feedback.accepted[b]), lengths[b], all_positions):
             ids = torch.cat([feedback.context[b], prop.tokens[b, :j]]).clone()     # [L + j]
             logp = torch.log_softmax(feedback.target_logits[b, j].float() / temp, dim=-1)  # [V]
             if 0 < topk < logp.shape[-1]:

@@ -12,8 +12,9 @@
     sampled = { temperature = 0.8, methods = "vanilla,drift" }
 
 A setting is a `drift bench` option by its Python name (`max_prompts`, `top_p`, `gain`, ...;
-dashes are accepted for underscores), or `batch_size`. Grid keys and named axes are crossed. Each
-cell's resolved settings (every bench option, defaults filled in) are hashed into its key.
+dashes are accepted for underscores; `batch_size` included). Grid keys and named axes are crossed.
+Each cell's resolved settings (every bench option, defaults filled in) are hashed into its key;
+batch size 1 stays out of it, so the keys of suites written before batching are unchanged.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from drift_cli.registry import unknown
 
 SUITE_VERSION = 1
 TABLES = ("version", "description", "base", "grid", "axes")
-BATCH_SIZES = (1,)        # batched decoding has not landed; the engine runs B = 1
-NOT_SETTINGS = ("out", "options")   # BenchConfig fields a suite does not set (the run sets out)
+NOT_SETTINGS = ("out", "options", "batch_sizes")   # BenchConfig fields a suite does not set (the run
+#                                                    sets out; a batch-size axis is a grid key)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def _bench_fields() -> dict[str, Any]:
 
 
 def _setting_names() -> list[str]:
-    return [*_bench_fields(), "batch_size", *_method_options()]
+    return [*_bench_fields(), *_method_options()]
 
 
 def _key(name: str, where: str) -> str:
@@ -90,10 +91,6 @@ def _bench_params() -> dict[str, click.Parameter]:
 
 def _value(key: str, value: Any, where: str) -> Any:
     """Type-check one setting as its `drift bench` flag checks it."""
-    if key == "batch_size":
-        if value not in BATCH_SIZES:
-            raise BadInput(f"{where}: batch_size {value!r}: only batch size 1 exists today (batched decoding has not landed)")
-        return value
     if key == "control":                 # the flag is --no-control
         if not isinstance(value, bool):
             raise BadInput(f"{where}: control must be true or false (got {value!r})")
@@ -168,13 +165,13 @@ def resolve_cell(base: dict, point: list[tuple[str, str, dict]]) -> Cell:
                 raise BadInput(f"setting {k} is set by both axis {seen[k]} and axis {axis}")
             seen[k] = axis
             explicit[k] = v
-    explicit.pop("batch_size", None)   # checked above; only 1 exists, so it does not enter the key
     if "corpus" in explicit and explicit["corpus"] is not None and "scenario" not in explicit:
         explicit["scenario"] = None
     method_opts = _method_options()
     settings = _bench_fields() | {k: v for k, v in explicit.items() if k not in method_opts}
     settings["options"] = {k: explicit.get(k, opt.default) for k, opt in method_opts.items()}
-    return Cell(cell_key(settings), tuple((axis, label) for axis, label, _ in point), settings)
+    keyed = {k: v for k, v in settings.items() if not (k == "batch_size" and v == 1)}   # keys from before batching
+    return Cell(cell_key(keyed), tuple((axis, label) for axis, label, _ in point), settings)
 
 
 def validate_cell(cell: Cell) -> None:

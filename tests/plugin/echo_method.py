@@ -14,7 +14,7 @@ import torch
 
 from drift_cli.engine.sampling import Sampler
 from drift_cli.knobs import Settings, at_least, knob
-from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal
+from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal, Rows, as_rows
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,10 @@ class Echo(DraftPolicy):
     def build(cls, ctx: MethodContext) -> "Echo":
         return cls(ctx.config(EchoConfig))
 
-    def propose(self, context: torch.Tensor, gamma: int, sampler: Sampler) -> Proposal:
+    def propose(self, context: Rows, gamma: int, sampler: Sampler) -> Proposal:
         self.proposals += 1
-        return Proposal(tokens=context[:, -1:].repeat(1, min(gamma, self.cfg.length)))
+        last = torch.stack([ids[-1:] for ids in as_rows(context).ids])      # [B, 1] each row's last token
+        return Proposal(tokens=last.repeat(1, min(gamma, self.cfg.length)))
 
     def report(self) -> dict[str, Any]:
         return {"echo_length": self.cfg.length, "proposals": self.proposals}
