@@ -102,6 +102,8 @@ def bench_options(fn):
         click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL"),
         click.option("--methods", default="all", show_default=True, help="'all' or a comma-separated list"),
         click.option("--no-control", is_flag=True, help="skip the indist control stream"),
+        click.option("--shuffle", type=int, default=0, show_default=True,
+                     help="stream shuffle N: another draw of the split's documents (0 = the scenario's stream)"),
     ]
     for o in reversed(opts):
         fn = o(fn)
