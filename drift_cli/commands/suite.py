@@ -51,7 +51,9 @@ def suite() -> None:
               help="cells at once (local; default 1), or the local Ray instance's CPUs (default: all cores)")
 @click.option("--claim", "claim_id", type=int, default=None,
               help="run only the cells this claim of the suite's [[claim]] tables reads")
-def run(suite_file, out, overrides, quick, as_json, executor, address, jobs, claim_id) -> None:
+@click.option("--only", "only", multiple=True, metavar="AXIS=LABEL[,LABEL...]",
+              help="run only the cells at these points of an axis (repeatable; e.g. --only experiment=code,law)")
+def run(suite_file, out, overrides, quick, as_json, executor, address, jobs, claim_id, only) -> None:
     """Run every cell that is not done yet (a re-run resumes)."""
     from drift_cli.results import check_writable
     from drift_cli.suite.executors import run_suite
@@ -67,6 +69,10 @@ def run(suite_file, out, overrides, quick, as_json, executor, address, jobs, cla
         from drift_cli.suite.claims import claim_cells, load_claims
 
         suite = replace(suite, cells=tuple(claim_cells(suite, load_claims(suite), claim_id)))
+    if only:
+        from drift_cli.suite.spec import parse_only, select_cells
+
+        suite = select_cells(suite, parse_only(only))
     check_writable(root)
     jobs = jobs or (1 if executor == "local" else os.cpu_count() or 1)
 

@@ -259,6 +259,31 @@ def quick_variant(raw: dict, path: Path) -> dict:
     return raw
 
 
+def parse_only(texts: tuple[str, ...]) -> dict[str, list[str]]:
+    """`--only AXIS=LABEL[,LABEL...]` (repeatable) -> axis -> labels."""
+    out: dict[str, list[str]] = {}
+    for text in texts:
+        axis, eq, labels = text.partition("=")
+        if not eq or not axis.strip() or not labels.strip():
+            raise BadInput(f"--only {text!r}: expected AXIS=LABEL[,LABEL...]")
+        out[axis.strip()] = [x.strip() for x in labels.split(",") if x.strip()]
+    return out
+
+
+def select_cells(suite: Suite, only: dict[str, list[str]]) -> Suite:
+    """The suite less the cells outside `only` (axis -> labels; a setting fixed in [base] matches by value)."""
+    from dataclasses import replace
+
+    for axis in only:
+        if axis not in suite.axes and axis not in suite.cells[0].settings:
+            raise unknown("axis in --only", axis, list(suite.axes))
+    keep = [c for c in suite.cells
+            if all((c.coord(a) if a in suite.axes else _label(c.settings.get(a))) in labels for a, labels in only.items())]
+    if not keep:
+        raise BadInput("--only leaves no cell of the suite")
+    return replace(suite, cells=tuple(keep))
+
+
 def load_suite(path: Path, overrides: dict[str, Any] | None = None, quick: bool = False) -> Suite:
     from drift_cli.scenarios.schema import read_toml
 
