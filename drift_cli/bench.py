@@ -107,12 +107,12 @@ class Models:
     def context(self, scenario: str, cfg: BenchConfig) -> MethodContext:
         pair = self.pair
 
-        def resolve_offline(divergence: str) -> Path:
+        def resolve_offline(divergence: str, on_policy: bool = False) -> Path:
             if self.zoo_preset is None:
                 raise BadInput("the offline method needs --offline-draft PATH when --draft/--target are given")
             from drift_cli.zoo import ensure_offline_draft
 
-            return ensure_offline_draft(self.zoo_preset, scenario, divergence)
+            return ensure_offline_draft(self.zoo_preset, scenario, divergence, on_policy)
 
         def load_draft(path: Path) -> torch.nn.Module:
             p = checkpoint_dir(path, "offline draft")

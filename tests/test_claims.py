@@ -301,3 +301,26 @@ def test_claims_report_end_to_end_on_micro(tmp_path, capsys):
     values = [p["indist"] - p["code"] for _, p in sorted(per.items())]
     want_mean, (want_lo, want_hi) = seed_mean_ci95(values)
     assert (mean, lo, hi) == pytest.approx((want_mean, want_lo, want_hi), abs=1e-3)
+
+
+def test_settings_added_later_keep_older_cell_keys():
+    from drift_cli.suite.spec import cell_key
+
+    old = {"zoo": "micro", "seed": 0, "options": {"gain": None}}
+    assert cell_key({**old, "shuffle": 0, "options": {"gain": None, "offline_on_policy": None}}) == cell_key(old)
+    assert cell_key({**old, "shuffle": 2}) != cell_key(old)
+    assert cell_key({**old, "options": {"gain": None, "offline_on_policy": True}}) != cell_key(old)
+
+
+def test_offline_on_policy_reaches_the_zoo(monkeypatch):
+    from drift_cli.methods.base import MethodContext
+    from drift_cli.methods.offline import Offline, OfflineConfig
+
+    asked = []
+    ctx = MethodContext(draft=None, draft_path=Path("."), draft_fingerprint=None, eos_id=None, vocab_size=8,
+                        configs={OfflineConfig: OfflineConfig(on_policy=True)},
+                        resolve_offline=lambda div, on_policy: asked.append((div, on_policy)) or Path("/nowhere"),
+                        load_draft=lambda path: None)
+    monkeypatch.setattr(Offline, "__init__", lambda self, draft: None)
+    Offline.build(ctx)
+    assert asked == [("fkl", True)]

@@ -38,6 +38,7 @@ NOT_SETTINGS = ("out", "options")   # BenchConfig fields a suite does not set (t
 # Settings added after suites had written cells: at their default they stay out of the key, so
 # that the cells written before them keep their keys (any other value enters it as usual).
 KEY_IF_SET = {"shuffle": 0}
+KEY_IF_SET_OPTIONS = {"offline_on_policy": None}   # method options likewise (None: not given)
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,9 @@ def parse_suite(path: Path, raw: dict) -> tuple[str, dict, list[tuple[str, list[
 
 def cell_key(settings: dict) -> str:
     keyed = {k: v for k, v in settings.items() if not (k in KEY_IF_SET and v == KEY_IF_SET[k])}
+    if isinstance(keyed.get("options"), dict):
+        keyed["options"] = {k: v for k, v in keyed["options"].items()
+                            if not (k in KEY_IF_SET_OPTIONS and v == KEY_IF_SET_OPTIONS[k])}
     return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
