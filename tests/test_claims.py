@@ -198,6 +198,13 @@ def test_claims_report_refuses_a_suite_without_claims(tmp_path, capsys):
     assert code == 2 and "no [quick] table" in err
 
 
+def test_a_claim_without_cells_says_why(tmp_path, capsys):
+    code, _, err = run_cli(["suite", "run", str(CLAIMS_SUITE), "--claim", "4", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "claim 4 reads no cell" in err and "drift analyze residuals" in err
+    code, _, err = run_cli(["suite", "run", str(CLAIMS_SUITE), "--claim", "99", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "claim" in err
+
+
 def test_shuffle_draws_another_stream():
     from drift_cli import scenarios
     from drift_cli.zoo import ensure_zoo

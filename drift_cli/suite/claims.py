@@ -424,7 +424,10 @@ def claim_cells(suite: Suite, spec: ClaimsSpec, claim_id: int) -> list[Cell]:
     wheres = [op.where for p in claim.parts for op in p.operands.values()]
     wheres += [claim.copying] if claim.copying else []
     wheres += [claim.curve["where"]] if claim.curve else []
-    return [c for c in suite.cells if any(matches(w, cell_labels(suite, c)) for w in wheres)]
+    cells = [c for c in suite.cells if any(matches(w, cell_labels(suite, c)) for w in wheres)]
+    if not cells:
+        raise BadInput(f"claim {claim_id} reads no cell of suite {suite.name}" + (f": {claim.pending}" if claim.pending else ""))
+    return cells
 
 
 def _fmt(x: float | None) -> str:
