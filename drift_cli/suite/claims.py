@@ -42,6 +42,7 @@ from drift_cli.errors import BadInput
 from drift_cli.registry import unknown
 from drift_cli.results import RunJson
 from drift_cli.suite import store
+from drift_cli.suite.report import pinning
 from drift_cli.suite.spec import Cell, Suite, _label
 
 SIDES = ("above", "below", "within", "outside")
@@ -543,11 +544,12 @@ def render(suite: Suite, spec: ClaimsSpec, runs: dict[str, RunJson], states: dic
              "Regenerate everything below with", "", "```bash",
              f"drift suite run {suite.path}{q} --jobs 2 && drift suite report {suite.path}{q} --claims", "```", "",
              VERDICT_RULE, "",
-             f"Columns: the `{spec.columns}` setting ({', '.join(f'`{c}`' for c in columns)}). Repeats: the "
-             f"{' / '.join(f'`{a}`' for a in spec.repeat)} axes. The suite has {len(suite.cells)} cells: "
+             f"Columns: the `{spec.columns}` setting ({', '.join(f'`{c}`' for c in columns)}). Repeats (the units of "
+             f"every CI): {' / '.join(f'`{a}`' for a in spec.repeat)}. The suite has {len(suite.cells)} cells: "
              + ", ".join(f"{n} {s}" for s, n in counts.items())
              + f"; the finished cells took {cell_wall / 60:.1f} min of cell wall time in all (`suite.json`). "
              "Every figure is read from a cell's run.json; each row's command re-runs only that claim's cells.", "",
+             pinning(manifest), "",
              "| # | claim (seed) | " + " | ".join(f"{c}: figure [95% CI], verdict" for c in columns)
              + " | copying control | reproduce | plot |",
              "|" + "---|" * (len(columns) + 5)]
