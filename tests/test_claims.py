@@ -241,6 +241,7 @@ title = "shift drops alpha"
 seed = "000_fee7b5e6130b3396.txt"
 quote = "vanilla acceptance fell"
 copying = { experiment = "code" }
+gain = true
 [[claim.part]]
 label = "indist - code"
 figure = "a - b"

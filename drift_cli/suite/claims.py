@@ -71,7 +71,7 @@ was measured, and inconclusive otherwise. Beside every DRIFT claim stands the co
 `pld` and `suffix` (model-free copying) and the stream's repeated 4-gram share, on the cells the
 claim names. Where copying alone reaches DRIFT's speedup (the upper end of the better copying
 method's speedup CI is at least the lower end of DRIFT's), DRIFT's gain and copying cannot be told
-apart there, and the verdict says so. The thresholds are the claims' own numbers where a claim
+apart there, and the verdict of a claim about DRIFT's gain says so. The thresholds are the claims' own numbers where a claim
 names one, and otherwise stated with the part. Nothing here was tuned on these (test) streams:
 every default was fixed on dev streams before (docs/drift.md)."""
 
@@ -102,6 +102,7 @@ class Claim:
     pending: str = ""
     note: str = ""
     curve: dict | None = None      # {where, methods}: windowed α over steps, plotted beside the claim
+    gain: bool = False             # the claim is about DRIFT's gain: its verdict says when copying rivals it
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,7 @@ def parse_claims(raw: dict, path: Path) -> ClaimsSpec:
                             str(_need(t, "quote", str, where)),
                             tuple(_part(p, f"{where} part {j + 1}") for j, p in enumerate(parts)),
                             _where(t["copying"], f"{where} copying") if "copying" in t else None,
-                            str(t.get("pending", "")), str(t.get("note", "")), curve))
+                            str(t.get("pending", "")), str(t.get("note", "")), curve, bool(t.get("gain", False))))
     repeat = conf.get("repeat", list(DEFAULT_REPEAT))
     return ClaimsSpec(str(conf.get("columns", "zoo")), tuple(repeat), Path(conf.get("out", DEFAULT_OUT)), tuple(claims))
 
@@ -573,7 +574,7 @@ def render(suite: Suite, spec: ClaimsSpec, runs: dict[str, RunJson], states: dic
                     line += f" ({c.pending})"
                 bits.append(line)
             v = res.verdicts[col]
-            if res.rivals.get(col) and v != "not measured":
+            if c.gain and res.rivals.get(col) and v != "not measured":
                 v += "; DRIFT's gain cannot be told apart from copying here"
             figs.append("<br>".join(bits) + f"<br>**verdict: {v}**")
         ctrl = "<br>".join(f"{col}: {_copying_text(res.copying[col], res.rivals[col])}" for col in columns) \
