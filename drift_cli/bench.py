@@ -42,6 +42,7 @@ class BenchConfig:
     split: str = "test"
     max_prompts: int | None = None
     max_new_tokens: int | None = None
+    shuffle: int = 0             # 0: the scenario's own stream; N > 0: stream shuffle N (another draw of the split)
     gamma: int = 4
     batch_size: int = 1          # rows decoded together (continuous batching)
     batch_sizes: tuple[int, ...] | None = None   # --batch-sizes: the batch-size curve (each B, every method)
@@ -75,6 +76,8 @@ class BenchConfig:
             raise BadInput(f"--max-new-tokens must be at least 1 (got {self.max_new_tokens})")
         if self.max_prompts is not None and self.max_prompts < 1:
             raise BadInput(f"--max-prompts must be at least 1 (got {self.max_prompts})")
+        if not 0 <= self.shuffle < 2**31:
+            raise BadInput(f"--shuffle must be in [0, 2^31) (got {self.shuffle})")
         if self.split not in ("train", "dev", "test"):
             raise BadInput(f"--split must be train, dev or test (got {self.split})")
         if self.threads is not None and self.threads < 1:
@@ -111,12 +114,12 @@ class Models:
     def context(self, scenario: str, cfg: BenchConfig) -> MethodContext:
         pair = self.pair
 
-        def resolve_offline(divergence: str) -> Path:
+        def resolve_offline(divergence: str, on_policy: bool = False) -> Path:
             if self.zoo_preset is None:
                 raise BadInput("the offline method needs --offline-draft PATH when --draft/--target are given")
             from drift_cli.zoo import ensure_offline_draft
 
-            return ensure_offline_draft(self.zoo_preset, scenario, divergence)
+            return ensure_offline_draft(self.zoo_preset, scenario, divergence, on_policy)
 
         def load_draft(path: Path) -> torch.nn.Module:
             p = checkpoint_dir(path, "offline draft")
@@ -204,7 +207,7 @@ def resolve_scenario(cfg: BenchConfig, name: str | None = None):
 def load_stream(cfg: BenchConfig, tokenizer, scenario) -> Stream:
     from drift_cli import scenarios
 
-    stream = scenarios.build_stream(scenario, cfg.split, tokenizer, max_prompts=cfg.max_prompts)
+    stream = scenarios.build_stream(scenario, cfg.split, tokenizer, max_prompts=cfg.max_prompts, shuffle=cfg.shuffle)
     if cfg.max_new_tokens is not None:
         stream.max_new_tokens = cfg.max_new_tokens
     if not stream.prompts:

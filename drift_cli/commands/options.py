@@ -106,6 +106,8 @@ def bench_options(fn):
         click.option("--no-control", is_flag=True, help="skip the indist control stream"),
         click.option("--batch-sizes", default=None,
                      help="comma-separated batch sizes: the batch-size curve (every method at each size)"),
+        click.option("--shuffle", type=int, default=0, show_default=True,
+                     help="stream shuffle N: another draw of the split's documents (0 = the scenario's stream)"),
     ]
     for o in reversed(opts):
         fn = o(fn)

@@ -21,6 +21,8 @@ def _suite_args(fn):
                      help="results root; the suite's cells live in OUT/<suite name>/"),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                      help="fix a setting for every cell (e.g. --set zoo=micro); repeatable"),
+        click.option("--quick", is_flag=True,
+                     help="the suite's [quick] variant (CI-sized: its settings and points; results in <suite>-quick/)"),
         click.option("--json", "as_json", is_flag=True, help="print the result as JSON (and nothing else)"),
     ]
     for o in reversed(opts):
@@ -28,11 +30,11 @@ def _suite_args(fn):
     return fn
 
 
-def _load(suite_file: Path, overrides: tuple[str, ...], out: Path):
+def _load(suite_file: Path, overrides: tuple[str, ...], out: Path, quick: bool = False):
     from drift_cli.suite.spec import load_suite, parse_override
     from drift_cli.suite.store import suite_dir
 
-    suite = load_suite(suite_file, dict(parse_override(o) for o in overrides))
+    suite = load_suite(suite_file, dict(parse_override(o) for o in overrides), quick)
     return suite, suite_dir(out, suite)
 
 
@@ -47,7 +49,11 @@ def suite() -> None:
 @click.option("--address", default=None, help="join this Ray cluster (default: start a local one for the run)")
 @click.option("--jobs", type=int, default=None,
               help="cells at once (local; default 1), or the local Ray instance's CPUs (default: all cores)")
-def run(suite_file, out, overrides, as_json, executor, address, jobs) -> None:
+@click.option("--claim", "claim_id", type=int, default=None,
+              help="run only the cells this claim of the suite's [[claim]] tables reads")
+@click.option("--only", "only", multiple=True, metavar="AXIS=LABEL[,LABEL...]",
+              help="run only the cells at these points of an axis (repeatable; e.g. --only experiment=code,law)")
+def run(suite_file, out, overrides, quick, as_json, executor, address, jobs, claim_id, only) -> None:
     """Run every cell that is not done yet (a re-run resumes)."""
     from drift_cli.results import check_writable
     from drift_cli.suite.executors import run_suite
@@ -56,7 +62,17 @@ def run(suite_file, out, overrides, as_json, executor, address, jobs) -> None:
         raise BadInput(f"--jobs must be at least 1 (got {jobs})")
     if address and executor != "ray":
         raise BadInput("--address joins a Ray cluster: give it with --executor ray")
-    suite, root = _load(suite_file, overrides, out)
+    suite, root = _load(suite_file, overrides, out, quick)
+    if claim_id is not None:
+        from dataclasses import replace
+
+        from drift_cli.suite.claims import claim_cells, load_claims
+
+        suite = replace(suite, cells=tuple(claim_cells(suite, load_claims(suite), claim_id)))
+    if only:
+        from drift_cli.suite.spec import parse_only, select_cells
+
+        suite = select_cells(suite, parse_only(only))
     check_writable(root)
     jobs = jobs or (1 if executor == "local" else os.cpu_count() or 1)
 
@@ -81,12 +97,12 @@ def run(suite_file, out, overrides, as_json, executor, address, jobs) -> None:
 
 @suite.command()
 @_suite_args
-def status(suite_file, out, overrides, as_json) -> None:
+def status(suite_file, out, overrides, quick, as_json) -> None:
     """Each cell's state: done, running, failed or missing."""
     from drift_cli.console import row_table
     from drift_cli.suite import store
 
-    suite, root = _load(suite_file, overrides, out)
+    suite, root = _load(suite_file, overrides, out, quick)
     states = store.status(root, suite)
     if as_json:
         emit({"suite": suite.name, "dir": str(root), "cells": {
@@ -104,14 +120,30 @@ def status(suite_file, out, overrides, as_json) -> None:
 
 @suite.command()
 @_suite_args
-def report(suite_file, out, overrides, as_json) -> None:
-    """One markdown report (report.md, acceptance.png, speedup.png) in the suite's directory."""
+@click.option("--claims", "claims", is_flag=True,
+              help="write the claims report instead: each [[claim]] of the suite, its figure, CI and verdict")
+@click.option("--claims-out", type=click.Path(path_type=Path), default=None,
+              help="where --claims writes (default: the suite's [claims] out, docs/claims.md); PNGs go beside it")
+def report(suite_file, out, overrides, quick, as_json, claims, claims_out) -> None:
+    """One markdown report (report.md, acceptance.png, speedup.png) in the suite's directory;
+    with --claims, the claims report (docs/claims.md and its PNGs)."""
     from drift_cli.suite.report import write_report
 
-    suite, root = _load(suite_file, overrides, out)
-    if not root.is_dir():
-        raise BadInput(f"no results for suite {suite.name} under {out} (run `drift suite run {suite_file}` first)")
-    path = write_report(suite, root, root)
+    suite, root = _load(suite_file, overrides, out, quick)
+    if claims_out is not None and not claims:
+        raise BadInput("--claims-out names where the claims report goes: give it with --claims")
+    if claims:
+        from drift_cli.results import check_writable
+        from drift_cli.suite.claims import load_claims, write_claims
+
+        spec = load_claims(suite)            # a suite without claims fails before anything is read
+        target = claims_out or spec.out
+        check_writable(Path(target).parent)
+        path = write_claims(suite, root, target, quick)
+    else:
+        if not root.is_dir():
+            raise BadInput(f"no results for suite {suite.name} under {out} (run `drift suite run {suite_file}` first)")
+        path = write_report(suite, root, root)
     if as_json:
         emit({"suite": suite.name, "report": str(path)}, True)
     else:

@@ -141,7 +141,7 @@ class MethodContext:
     scenario: str = ""
     seed: int = 0
     # Returns the path of a cached offline draft for (scenario, divergence); set by the bench.
-    resolve_offline: Callable[[str], Path] | None = None
+    resolve_offline: Callable[[str, bool], Path] | None = None   # (divergence, on_policy) -> the zoo's offline draft
     load_draft: Callable[[Path], torch.nn.Module] | None = None
 
     def config(self, cls: type[S]) -> S:

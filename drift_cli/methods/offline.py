@@ -16,6 +16,9 @@ from drift_cli.methods.base import MethodContext, ModelDraftPolicy
 class OfflineConfig(Settings):
     draft: str | None = knob(None, "--offline-draft", "offline draft checkpoint (default: the zoo's, built on demand)")
     divergence: str = divergence_knob()
+    # the zoo's offline draft distilled on sequences the draft itself generated (on-policy data)
+    on_policy: bool = knob(False, "--offline-on-policy", "offline: the zoo's draft distilled on on-policy data "
+                           "(sequences the draft generates) instead of off-policy text", off_flag="--offline-off-policy")
 
 
 class Offline(ModelDraftPolicy):
@@ -30,7 +33,7 @@ class Offline(ModelDraftPolicy):
         if path is None:
             if ctx.resolve_offline is None:
                 raise BadInput("the offline method needs --offline-draft PATH")
-            path = ctx.resolve_offline(cfg.divergence)
+            path = ctx.resolve_offline(cfg.divergence, cfg.on_policy)
         if ctx.load_draft is None:
             raise BadInput("the offline method cannot load a draft in this context")
         return cls(ctx.load_draft(Path(path)))

@@ -5,7 +5,7 @@
     documents(scenario, split) -> list[Document]      (train / dev / test, disjoint by document)
     target_training_documents()                       (train splits of every scenario)
     draft_training_documents()                        (general prose + pre-cutoff dated text)
-    build_stream(scenario, split, tokenizer, max_prompts=None, variant=None) -> Stream
+    build_stream(scenario, split, tokenizer, max_prompts=None, variant=None, shuffle=0) -> Stream
     corpus_scenario(path) -> Scenario                 (`drift bench --corpus PATH`)
 
 Scenario files live in `scenarios/` at the repository root ($DRIFT_SCENARIO_DIR overrides);
@@ -114,9 +114,13 @@ def draft_training_documents() -> list[Document]:
 
 
 def build_stream(scenario: str | Scenario, split: str, tokenizer, max_prompts: int | None = None,
-                 variant: str | None = None) -> Stream:
+                 variant: str | None = None, shuffle: int = 0) -> Stream:
     """The prompt stream of a split: `prompts[split]` windows (or max_prompts) of
-    prompt_tokens tokens each, in the scenario's order (or the named variant)."""
+    prompt_tokens tokens each, in the scenario's order (or the named variant).
+
+    shuffle N > 0 draws stream shuffle N: the same split's documents, ordered (and so chosen,
+    when the stream is shorter than the split) by another salted hash. Shuffles are independent
+    repeats of one workload (the claims suite's CIs); 0 is the scenario's own stream."""
     _check_split(split)
     sc = _resolve(scenario)
     if max_prompts is not None and max_prompts <= 0:
@@ -124,7 +128,8 @@ def build_stream(scenario: str | Scenario, split: str, tokenizer, max_prompts: i
     order = choose_order(sc.stream, variant, sc.name)
     n = max_prompts if max_prompts is not None else sc.stream.prompts_for(split)
     docs = documents(sc, split)
-    prompts = assemble_prompts(docs, tokenizer, sc.stream, order, n, f"{sc.split.salt}/{sc.name}/{split}")
+    salt = f"{sc.split.salt}/{sc.name}/{split}" + (f"/shuffle-{shuffle}" if shuffle else "")
+    prompts = assemble_prompts(docs, tokenizer, sc.stream, order, n, salt)
     if not prompts:
         raise BadInput(f"scenario '{sc.name}': the {split} split has no document long enough for a "
                        f"{sc.stream.prompt_tokens}-token prompt")
@@ -134,7 +139,7 @@ def build_stream(scenario: str | Scenario, split: str, tokenizer, max_prompts: i
     meta = {"scenario_version": sc.version, "order": order, "prompt_tokens": sc.stream.prompt_tokens,
             "recipe_sha256": sc.recipe_sha256(), "documents_in_split": len(docs),
             "documents_used": len({p.doc_id for p in prompts}), "domains": domains,
-            "requested_prompts": n,
+            "requested_prompts": n, "shuffle": shuffle,
             # sha256 of each (component) scenario's split file: the exact data behind the stream
             "split_sha256": {b.scenario.name: b.manifests[split]["sha256"] for b in build(sc)},
             "snapshot": any(b.snapshot for b in build(sc))}

@@ -67,7 +67,8 @@ def build_plan(cells: list[Cell]) -> dict[str, list]:
         if s["draft"] is None:
             zoos.add(s["zoo"])
             if s["corpus"] is None and "offline" in resolve_methods(s["methods"]) and not s["options"].get("offline_draft"):
-                offline.add((s["zoo"], s["scenario"], s["options"].get("divergence") or "fkl"))
+                offline.add((s["zoo"], s["scenario"], s["options"].get("divergence") or "fkl",
+                             bool(s["options"].get("offline_on_policy"))))
     return {"zoos": sorted(zoos), "scenarios": sorted(scenarios), "offline": sorted(offline)}
 
 
@@ -82,8 +83,8 @@ def prepare(plan: dict[str, list]) -> str:
         ensure_zoo(zoo)
     for name in plan["scenarios"]:
         scenarios.build(name)
-    for zoo, scenario, divergence in plan["offline"]:
-        ensure_offline_draft(zoo, scenario, divergence)
+    for zoo, scenario, divergence, on_policy in plan["offline"]:
+        ensure_offline_draft(zoo, scenario, divergence, on_policy)
     return socket.gethostname()
 
 

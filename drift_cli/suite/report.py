@@ -102,7 +102,7 @@ def _plot(suite: Suite, runs: dict[str, RunJson], key: str, ylabel: str, path: P
     save_figure(fig, path)
 
 
-def _pinning(manifest: dict) -> str:
+def pinning(manifest: dict) -> str:
     threads = manifest.get("threads") or [1]
     jobs = manifest.get("jobs", 1)
     ex = manifest.get("executor", "local")
@@ -123,7 +123,7 @@ def write_report(suite: Suite, root: Path, out: Path) -> Path:
     if suite.description:
         lines += [suite.description, ""]
     lines += [f"{len(suite.cells)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + f" (in `{root}`).", "",
-              _pinning(manifest), "",
+              pinning(manifest), "",
               "Each figure is read from its cell's run.json (`<scenario>/<cell key>/run.json`); where a row has "
               "several seeds it is their mean ± the 95% CI half-width (Student t).", ""]
     if runs:

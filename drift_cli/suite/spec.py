@@ -32,9 +32,14 @@ from drift_cli.errors import BadInput
 from drift_cli.registry import unknown
 
 SUITE_VERSION = 1
-TABLES = ("version", "description", "base", "grid", "axes")
+TABLES = ("version", "description", "base", "grid", "axes", "exclude", "quick", "claims", "claim")
+QUICK_SUFFIX = "-quick"     # the --quick variant's results live in <suite>-quick/
 NOT_SETTINGS = ("out", "options", "batch_sizes")   # BenchConfig fields a suite does not set (the run
 #                                                    sets out; a batch-size axis is a grid key)
+# Settings added after suites had written cells: at their default they stay out of the key, so
+# that the cells written before them keep their keys (any other value enters it as usual).
+KEY_IF_SET = {"shuffle": 0, "batch_size": 1}
+KEY_IF_SET_OPTIONS = {"offline_on_policy": None}   # method options likewise (None: not given)
 
 
 @dataclass(frozen=True)
@@ -152,7 +157,11 @@ def parse_suite(path: Path, raw: dict) -> tuple[str, dict, list[tuple[str, list[
 
 
 def cell_key(settings: dict) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    keyed = {k: v for k, v in settings.items() if not (k in KEY_IF_SET and v == KEY_IF_SET[k])}
+    if isinstance(keyed.get("options"), dict):
+        keyed["options"] = {k: v for k, v in keyed["options"].items()
+                            if not (k in KEY_IF_SET_OPTIONS and v == KEY_IF_SET_OPTIONS[k])}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def resolve_cell(base: dict, point: list[tuple[str, str, dict]]) -> Cell:
@@ -170,8 +179,7 @@ def resolve_cell(base: dict, point: list[tuple[str, str, dict]]) -> Cell:
     method_opts = _method_options()
     settings = _bench_fields() | {k: v for k, v in explicit.items() if k not in method_opts}
     settings["options"] = {k: explicit.get(k, opt.default) for k, opt in method_opts.items()}
-    keyed = {k: v for k, v in settings.items() if not (k == "batch_size" and v == 1)}   # keys from before batching
-    return Cell(cell_key(keyed), tuple((axis, label) for axis, label, _ in point), settings)
+    return Cell(cell_key(settings), tuple((axis, label) for axis, label, _ in point), settings)
 
 
 def validate_cell(cell: Cell) -> None:
@@ -222,18 +230,85 @@ def apply_overrides(raw: dict, overrides: dict[str, Any]) -> dict:
     return raw
 
 
-def load_suite(path: Path, overrides: dict[str, Any] | None = None) -> Suite:
+def _selection(table: Any, where: str) -> list[dict[str, list[str]]]:
+    """[exclude] entries / [quick] keep: axis -> labels (a single label or a list of them)."""
+    entries = table if isinstance(table, list) else [table]
+    out = []
+    for e in entries:
+        if not isinstance(e, dict) or not e:
+            raise BadInput(f"{where} must be a table of axis = label (or [labels])")
+        out.append({k: [_label(x) for x in (v if isinstance(v, list) else [v])] for k, v in e.items()})
+    return out
+
+
+def _matches(sel: dict[str, list[str]], labels: dict[str, str]) -> bool:
+    return all(labels.get(axis) in wanted for axis, wanted in sel.items())
+
+
+def quick_variant(raw: dict, path: Path) -> dict:
+    """The [quick] table applied: its `set` fixes settings like --set, its `keep` keeps only the
+    listed points of each named axis (the CI-sized variant of a suite)."""
+    q = raw.get("quick")
+    if not isinstance(q, dict):
+        raise BadInput(f"{path} has no [quick] table: it offers no --quick variant")
+    unknown_keys = [k for k in q if k not in ("set", "keep")]
+    if unknown_keys:
+        raise unknown("[quick] key", unknown_keys[0], ("set", "keep"))
+    raw = apply_overrides(raw, {_key(k, "[quick.set]"): v for k, v in _table(q, "set").items()})
+    raw["_keep"] = _selection(q["keep"], "[quick.keep]") if "keep" in q else []
+    return raw
+
+
+def parse_only(texts: tuple[str, ...]) -> dict[str, list[str]]:
+    """`--only AXIS=LABEL[,LABEL...]` (repeatable) -> axis -> labels."""
+    out: dict[str, list[str]] = {}
+    for text in texts:
+        axis, eq, labels = text.partition("=")
+        if not eq or not axis.strip() or not labels.strip():
+            raise BadInput(f"--only {text!r}: expected AXIS=LABEL[,LABEL...]")
+        out[axis.strip()] = [x.strip() for x in labels.split(",") if x.strip()]
+    return out
+
+
+def select_cells(suite: Suite, only: dict[str, list[str]]) -> Suite:
+    """The suite less the cells outside `only` (axis -> labels; a setting fixed in [base] matches by value)."""
+    from dataclasses import replace
+
+    for axis in only:
+        if axis not in suite.axes and axis not in suite.cells[0].settings:
+            raise unknown("axis in --only", axis, list(suite.axes))
+    keep = [c for c in suite.cells
+            if all((c.coord(a) if a in suite.axes else _label(c.settings.get(a))) in labels for a, labels in only.items())]
+    if not keep:
+        raise BadInput("--only leaves no cell of the suite")
+    return replace(suite, cells=tuple(keep))
+
+
+def load_suite(path: Path, overrides: dict[str, Any] | None = None, quick: bool = False) -> Suite:
     from drift_cli.scenarios.schema import read_toml
 
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"no suite file at {path}")
     raw = read_toml(path)
+    if quick:
+        raw = quick_variant(raw, path)
+    keep = raw.pop("_keep", [])
     if overrides:
         raw = apply_overrides(raw, overrides)
     description, base, axes = parse_suite(path, raw)
+    exclude = _selection(raw["exclude"], "[[exclude]]") if "exclude" in raw else []
+    names = {name for name, _ in axes} | set(base)   # a setting fixed by --set is matched by its value
+    for sel in [*exclude, *keep]:
+        for axis in sel:
+            if axis not in names:
+                raise unknown("axis in [[exclude]] or [quick.keep]", axis, sorted(names))
+    fixed = {k: _label(v) for k, v in base.items()}
     cells: dict[str, Cell] = {}
     for combo in itertools.product(*[[(name, label, s) for label, s in points] for name, points in axes]):
+        labels = fixed | {name: label for name, label, _ in combo}
+        if any(_matches(sel, labels) for sel in exclude) or (keep and not all(_matches(sel, labels) for sel in keep)):
+            continue
         cell = resolve_cell(base, list(combo))
         cells.setdefault(cell.key, cell)      # two points that resolve alike are one cell
     checked: set[tuple] = set()
@@ -242,4 +317,7 @@ def load_suite(path: Path, overrides: dict[str, Any] | None = None) -> Suite:
         if sig not in checked:            # the seed never makes a cell invalid
             checked.add(sig)
             validate_cell(cell)
-    return Suite(path.stem, path, description, tuple(name for name, _ in axes), tuple(cells.values()))
+    if not cells:
+        raise BadInput(f"{path}: [[exclude]] or [quick.keep] leaves the suite no cells")
+    name = path.stem + (QUICK_SUFFIX if quick else "")
+    return Suite(name, path, description, tuple(name for name, _ in axes), tuple(cells.values()))
