@@ -10,13 +10,14 @@ from __future__ import annotations
 import gc
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from drift_cli import metrics
+from drift_cli.engine.gamma import GammaConfig, profile_costs
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, StreamRun, run_stream
 from drift_cli.errors import BadInput
@@ -205,7 +206,8 @@ def check_preset(cfg: BenchConfig) -> None:
 
 
 def decode_config(cfg: BenchConfig, stream: Stream, eos_id: int | None) -> DecodeConfig:
-    return DecodeConfig(cfg.gamma, stream.max_new_tokens, cfg.temperature, cfg.top_p, eos_id, cfg.seed)
+    return DecodeConfig(cfg.gamma, stream.max_new_tokens, cfg.temperature, cfg.top_p, eos_id, cfg.seed,
+                        gamma_policy=cfg.configs()[GammaConfig])
 
 
 def warm_up(target: CausalLM, models: Models, stream: Stream, dcfg: DecodeConfig) -> None:
@@ -226,6 +228,7 @@ class Entry:
     name: str
     build: Callable[[MethodContext], Any]
     optional: bool = False
+    gamma: tuple[int, GammaConfig] | None = None   # this row's --gamma and γ policy (default: the run's)
 
 
 def method_entries(names: list[str], explicit: bool = True) -> list[Entry]:
@@ -248,6 +251,9 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
     skipped: dict[str, str] = {}
     try:
         warm_up(target, models, stream, dcfg)
+        gamma_max = max([dcfg.gamma] + [e.gamma[0] for e in entries if e.gamma])
+        dcfg = replace(dcfg, cost_profile=profile_costs(target, CausalLM(models.pair.draft, "draft"),
+                                                        stream.prompts[0].ids, gamma_max))
         for entry in entries:
             try:
                 policy = entry.build(ctx)
@@ -264,7 +270,8 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
             gc.collect()
             gc.freeze()
             try:
-                runs[entry.name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
+                ecfg = replace(dcfg, gamma=entry.gamma[0], gamma_policy=entry.gamma[1]) if entry.gamma else dcfg
+                runs[entry.name] = run_stream(target, policy, stream, ecfg, on_prompt=tick)
             finally:
                 gc.unfreeze()   # collectable again (extensions that check for leaks at exit stay quiet)
             if not runs[entry.name].complete:
@@ -285,8 +292,13 @@ def run_methods(
 
 def summarise(runs: dict[str, StreamRun], cfg: BenchConfig) -> dict[str, dict]:
     ar = runs.get("ar")
-    return {name: {**metrics.method_metrics(run, cfg.gamma, ar, greedy=cfg.temperature == 0.0), "report": run.report}
-            for name, run in runs.items()}
+
+    def one(run: StreamRun) -> dict:
+        gamma = max([cfg.gamma] + [s.gamma for s in run.steps])    # a row may have its own γ cap
+        ratio = run.cost_profile.verify_ratio() if run.cost_profile else None
+        return metrics.method_metrics(run, gamma, ar, greedy=cfg.temperature == 0.0, verify_ratio=ratio)
+
+    return {name: {**one(run), "report": run.report} for name, run in runs.items()}
 
 
 def comparisons(methods: dict[str, dict], control: dict[str, dict] | None) -> dict[str, Any]:
@@ -328,6 +340,7 @@ def envelope(cfg: BenchConfig, label: str, models: Models, stream: Stream, runs:
         "seeds": {"decode": cfg.seed},
         "stream": {"identity": stream.identity(), "prompts": len(stream.prompts), **stream.meta,
                    **(methods["ar"]["stream"] if "ar" in methods else {})},
+        "cost_profile": next((r.cost_profile.to_json() for r in runs.values() if r.cost_profile), None),
         "methods": methods,
     }
 

@@ -99,6 +99,63 @@ def predicted_speedup(alpha: float | None, gamma: int, c: float | None) -> float
     return expected / (gamma * c + 1)
 
 
+def expected_emitted(alpha_by_position: Sequence[float], k: int) -> float:
+    """Expected tokens an iteration that drafts k emits: 1 + sum_{i<=k} prod_{j<=i} alpha_j, with
+    alpha_j = P(position j accepted | j-1 accepted) (acceptances come in runs; no i.i.d. assumption)."""
+    out, run = 1.0, 1.0
+    for a in alpha_by_position[:k]:
+        run *= a
+        out += run
+    return out
+
+
+def iteration_ms(k: int, draft_ms_per_token: float, verify_ms: Sequence[float], overhead_ms: float) -> float:
+    """The cost model of one iteration that drafts k: k draft steps, the target scoring k+1 tokens
+    (verify_ms[k], measured per width) and the iteration's time outside both models."""
+    return k * draft_ms_per_token + verify_ms[k] + overhead_ms
+
+
+def goodput(alpha_by_position: Sequence[float], k: int, draft_ms_per_token: float, verify_ms: Sequence[float],
+            overhead_ms: float) -> float:
+    """Expected emitted tokens per ms when drafting k: what the `cost` γ controller maximises."""
+    return expected_emitted(alpha_by_position, k) / iteration_ms(k, draft_ms_per_token, verify_ms, overhead_ms)
+
+
+def iteration_overhead_ms(step) -> float:
+    """An iteration's time outside drafting and the target's forward pass (acceptance, rollback,
+    adaptation, the harness)."""
+    return max(0.0, step.total_ms - step.draft_ms - step.forward_target_ms)
+
+
+def predicted_speedup_measured(steps, ar_steps, verify_ratio: Sequence[float] | None) -> float | None:
+    """Speedup from the cost model (`iteration_ms`) with measured inputs: the measured tokens per
+    iteration (tau, EOS and budget cuts included) over the modelled iteration time, against ar's
+    measured step time. Draft cost per token and the time outside the models are this run's own;
+    scoring k+1 tokens costs verify_ratio[k] (the profile's cost of k+1 tokens against one) times
+    ar's measured one-token forward."""
+    if not steps or not ar_steps or verify_ratio is None:
+        return None
+    drafted = _sum(steps, "drafted")
+    t_draft = _sum(steps, "draft_ms") / drafted if drafted else 0.0
+    t_one = _sum(ar_steps, "forward_target_ms") / len(ar_steps)
+    verify_ms = [r * t_one for r in verify_ratio]
+    if max(s.drafted for s in steps) >= len(verify_ms):
+        return None
+    overhead = float(np.mean([iteration_overhead_ms(s) for s in steps]))
+    modelled = float(np.mean([iteration_ms(s.drafted, t_draft, verify_ms, overhead) for s in steps]))
+    tau = _sum(steps, "emitted") / len(steps)
+    ar_ms = _sum(ar_steps, "total_ms") / _sum(ar_steps, "emitted")
+    return tau * ar_ms / modelled if modelled else None
+
+
+def gamma_histogram(steps, gamma: int) -> list[int]:
+    """Iterations by the γ their controller chose, 0..gamma."""
+    hist = [0] * (gamma + 1)
+    for s in steps:
+        hist[min(s.gamma, gamma)] += 1
+    return hist
+
+
 def per_prompt_tokens_per_s(generations) -> list[float]:
     return [len(g.output_ids) / g.decode_ms * 1e3 if g.decode_ms else 0.0 for g in generations]
 
@@ -108,7 +165,9 @@ def _bootstrap(n: int, statistic, n_boot: int, seed: int, level: float) -> tuple
     if n == 0:
         return (math.nan, math.nan)
     idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-    lo, hi = np.quantile(statistic(idx), [(1 - level) / 2, 1 - (1 - level) / 2])
+    with np.errstate(divide="ignore", invalid="ignore"):   # a ratio's resample may have no denominator
+        values = statistic(idx)
+    lo, hi = np.nanquantile(values, [(1 - level) / 2, 1 - (1 - level) / 2])
     return float(lo), float(hi)
 
 
@@ -257,8 +316,9 @@ def gap_closed(x_drift: float | None, x_vanilla: float | None, x_offline: float 
     return (x_drift - x_vanilla) / (x_offline - x_vanilla)
 
 
-def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True) -> dict:
-    """All per-method metrics for one stream run (ar_run: the `ar` run on the same stream)."""
+def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True, verify_ratio: Sequence[float] | None = None) -> dict:
+    """All per-method metrics for one stream run (ar_run: the `ar` run on the same stream;
+    verify_ratio: the cost profile's k+1 tokens against one, k = 0..gamma)."""
     steps = run.steps
     ar_steps = ar_run.steps if ar_run is not None else None
     alpha = acceptance_rate(steps)
@@ -283,6 +343,9 @@ def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True) -> dict:
         "harness_overhead_pct": harness_overhead_pct(steps),
         "cost_ratio": c,
         "predicted_speedup": predicted_speedup(alpha, gamma, c) if run.method != "ar" else 1.0,
+        "predicted_speedup_measured": (predicted_speedup_measured(steps, ar_steps, verify_ratio)
+                                       if run.method != "ar" else 1.0),
+        "gamma_histogram": gamma_histogram(steps, gamma),
         "alpha_curve": curve,
         "convergence_steps": convergence_steps(curve),
         "acceptance_by_entropy": acceptance_by_entropy(steps),

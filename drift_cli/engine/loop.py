@@ -21,6 +21,7 @@ import torch
 
 from drift_cli import interrupt
 from drift_cli.engine.acceptance import accept_greedy, accept_sampling
+from drift_cli.engine.gamma import CostProfile, GammaConfig, GammaController, controller as gamma_controller
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.sampling import Sampler
 from drift_cli.engine.timing import IterationClock
@@ -36,6 +37,12 @@ class DecodeConfig:
     top_p: float | None = None
     eos_id: int | None = None
     seed: int = 0
+    gamma_policy: GammaConfig = GammaConfig()   # --gamma caps the adaptive policies
+    cost_profile: CostProfile | None = None     # the cost controller's measured costs
+
+    def controller(self) -> GammaController:
+        """A fresh γ controller (one per stream)."""
+        return gamma_controller(self.gamma_policy, self.gamma, self.cost_profile)
 
 
 @dataclass
@@ -54,6 +61,7 @@ class StepRecord:
     forward_draft_ms: float      # draft model forward passes, inside draft_ms
     forward_target_ms: float     # target forward pass, inside verify_ms
     target_entropy: list[float] = field(default_factory=list)  # nats, per drafted position (T = 1)
+    gamma: int = 0               # the γ the controller chose (before the generation-budget cut)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -119,12 +127,16 @@ def generate(
     prompt_index: int = 0,
     step0: int = 0,
     tenant: str | None = None,
+    controller: GammaController | None = None,
 ) -> Generation:
-    """Generate up to cfg.max_new_tokens after one prompt. Batch size 1."""
+    """Generate up to cfg.max_new_tokens after one prompt. Batch size 1. controller: the stream's
+    γ controller (default: a fresh one from cfg)."""
     device = target.device
     clock = IterationClock(device)
     target.clock = clock
     policy.clock = clock
+    controller = controller or cfg.controller()
+    policy.p_min = controller.p_min
     context = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # [1, P]
 
     t0 = time.perf_counter()
@@ -140,7 +152,8 @@ def generate(
     while produced < cfg.max_new_tokens and not hit_eos:
         interrupt.check()   # a Ctrl-C / SIGTERM that landed in a finaliser is raised here
         t_start = time.perf_counter()
-        room = draft_budget(cfg.gamma, cfg.max_new_tokens, produced)
+        gamma = controller.next_gamma()
+        room = draft_budget(gamma, cfg.max_new_tokens, produced)
         with clock.span("draft"):
             proposal = policy.propose(context, room, sampler) if room > 0 else DraftPolicy.propose(policy, context, 0, sampler)
             proposal = _cut_at_eos(proposal, cfg.eos_id)
@@ -160,25 +173,31 @@ def generate(
         ms = clock.read()
         total = (time.perf_counter() - t_start) * 1e3
         phases = {name: ms.get(name, 0.0) for name in ("draft", "verify", "adapt")}
-        steps.append(
-            StepRecord(
-                prompt=prompt_index,
-                step=step0 + len(steps),
-                drafted=proposal.k,
-                accepted=n,
-                emitted=new.shape[1],
-                total_ms=total,
-                draft_ms=phases["draft"],
-                verify_ms=phases["verify"],
-                adapt_ms=phases["adapt"],
-                other_ms=max(0.0, total - sum(phases.values())),
-                adjust_ms=ms.get("adjust", 0.0),
-                forward_draft_ms=ms.get("forward_draft", 0.0),
-                forward_target_ms=ms.get("forward_target", 0.0),
-                # instrumentation, outside the timed iteration:
-                target_entropy=_entropy(target_logits[0, : proposal.k]) if proposal.k else [],
-            )
+        record = StepRecord(
+            prompt=prompt_index,
+            step=step0 + len(steps),
+            drafted=proposal.k,
+            accepted=n,
+            emitted=new.shape[1],
+            total_ms=total,
+            draft_ms=phases["draft"],
+            verify_ms=phases["verify"],
+            adapt_ms=phases["adapt"],
+            other_ms=max(0.0, total - sum(phases.values())),
+            adjust_ms=ms.get("adjust", 0.0),
+            forward_draft_ms=ms.get("forward_draft", 0.0),
+            forward_target_ms=ms.get("forward_target", 0.0),
+            gamma=gamma,
+            # instrumentation, outside the timed iteration:
+            target_entropy=_entropy(target_logits[0, : proposal.k]) if proposal.k else [],
         )
+        steps.append(record)
+        t_ctl = time.perf_counter()      # the controller learns from the record: its time is added to it
+        top = proposal.top_prob[0].tolist() if proposal.top_prob is not None else []
+        controller.observe(proposal.k, n, top, record)
+        ctl_ms = (time.perf_counter() - t_ctl) * 1e3
+        record.total_ms += ctl_ms
+        record.other_ms += ctl_ms
         context = new_context
         produced += new.shape[1]
     output = context[0, len(prompt_ids):].tolist()
@@ -192,6 +211,7 @@ class StreamRun:
     generations: list[Generation]
     complete: bool
     report: dict
+    cost_profile: CostProfile | None = None   # the stream's measured costs (DecodeConfig.cost_profile)
 
     @property
     def steps(self) -> list[StepRecord]:
@@ -213,15 +233,20 @@ def run_stream(
     gen = torch.Generator(device=target.device).manual_seed(cfg.seed)
     sampler = Sampler(cfg.temperature, cfg.top_p, gen)
     policy.begin_stream()
+    controller = cfg.controller() if policy.drafts else GammaController(0)
     out: list[Generation] = []
     complete = True
     try:
         for i, prompt in enumerate(stream.prompts):
             step0 = sum(len(g.steps) for g in out)
-            out.append(generate(target, policy, prompt.ids, cfg, sampler, prompt_index=i, step0=step0, tenant=prompt.tenant))
+            out.append(generate(target, policy, prompt.ids, cfg, sampler, prompt_index=i, step0=step0, tenant=prompt.tenant,
+                                controller=controller))
             if on_prompt is not None:
                 on_prompt(i + 1, len(stream.prompts))
     except KeyboardInterrupt:
         complete = False
     policy.end_stream()
-    return StreamRun(policy.name, out, complete, policy.report())
+    report = policy.report()
+    if cfg.gamma_policy.policy != "fixed" and policy.drafts:
+        report = {**report, "gamma_controller": {"policy": controller.name, **controller.report()}}
+    return StreamRun(policy.name, out, complete, report, cfg.cost_profile)

@@ -34,6 +34,8 @@ class Proposal:
     #                                          proposal is a point mass (model-free drafters)
     hidden: torch.Tensor | None = None       # [B, k, d] draft hidden state (lm_head input) per position
     base_logits: torch.Tensor | None = None  # [B, k, V] raw draft logits before any adjustment
+    top_prob: torch.Tensor | None = None     # [B, k] the top probability of each position's q' (only
+    #                                          when a `confidence` γ controller asked for it)
 
     @property
     def k(self) -> int:
@@ -41,7 +43,7 @@ class Proposal:
 
     def truncate(self, k: int) -> "Proposal":
         cut = lambda t: None if t is None else t[:, :k]  # noqa: E731
-        return Proposal(self.tokens[:, :k], cut(self.q), cut(self.hidden), cut(self.base_logits))
+        return Proposal(self.tokens[:, :k], cut(self.q), cut(self.hidden), cut(self.base_logits), cut(self.top_prob))
 
 
 @dataclass
@@ -94,11 +96,15 @@ class DraftPolicy:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     uses_draft_model: ClassVar[bool] = False
+    drafts: ClassVar[bool] = True        # False (`ar`): the γ controller does not apply
     # The method's settings dataclasses (fields made with `drift_cli.knobs.knob`): `drift bench`,
     # `ablate` and `analyze` generate their flags from these (`drift_cli.commands.options`).
     configs: ClassVar[tuple[type, ...]] = ()
 
     clock: IterationClock = NullClock()
+    # Set by the engine for the `confidence` γ controller: a drafter that can stop early stops
+    # before the first position whose proposal's top probability is below this.
+    p_min: float | None = None
 
     @classmethod
     def build(cls, ctx: MethodContext) -> "DraftPolicy":
@@ -162,13 +168,20 @@ class ModelDraftPolicy(DraftPolicy):
     @torch.inference_mode()
     def propose(self, context: torch.Tensor, gamma: int, sampler: Sampler) -> Proposal:
         feed = context[:, self.lm.cache_len:]
-        tokens, qs, hs, zs = [], [], [], []
+        tokens, qs, hs, zs, tops = [], [], [], [], []
         for _ in range(gamma):
             h, z = self.lm.forward(feed)
             h, z = h[:, -1], z[:, -1]                      # [B, d], [B, V]
             logits = sampler.sampling_logits(z)            # the engine's conversion, untimed
             with self.clock.span("adjust"):                # the method's own adjustment only
                 logits = self.adjust(h, logits, sampler)
+            if self.p_min is not None:
+                # the stop depends only on the draft's own distribution here, before a token is
+                # drawn, so sampling stays exact; one host read per draft token (llama.cpp's p-min)
+                top = sampler.probs(logits).amax(dim=-1)   # [B]; greedy: the T = 1 distribution
+                if float(top.min()) < self.p_min:
+                    break
+                tops.append(top)
             x, q = sampler.pick(logits)
             tokens.append(x)
             hs.append(h)
@@ -183,6 +196,7 @@ class ModelDraftPolicy(DraftPolicy):
             q=torch.stack(qs, 1) if qs else None,
             hidden=torch.stack(hs, 1),
             base_logits=torch.stack(zs, 1),
+            top_prob=torch.stack(tops, 1) if tops else None,
         )
 
     def commit(self, context: torch.Tensor) -> None:
