@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 from scipy.stats import chisquare
 
+from drift_cli.engine.gamma import GammaConfig
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, generate
 from drift_cli.engine.sampling import Sampler
@@ -49,15 +50,20 @@ def sample_first_tokens(
     top_p: float | None = None,
     gamma: int = 3,
     seed: int = 0,
+    gamma_policy: GammaConfig = GammaConfig(),
 ) -> dict[tuple[int, ...], int]:
+    """The first n_tokens of `samples` generations; the policy and the γ controller persist
+    across them (as across the prompts of a stream), so an adaptive γ varies between samples."""
     lm = CausalLM(target, "target")
     policy = make_policy()
     policy.begin_stream()
     sampler = Sampler(temperature, top_p, torch.Generator().manual_seed(seed))
-    cfg = DecodeConfig(gamma=gamma, max_new_tokens=n_tokens + gamma, temperature=temperature, top_p=top_p)
+    cfg = DecodeConfig(gamma=gamma, max_new_tokens=n_tokens + gamma, temperature=temperature, top_p=top_p,
+                       gamma_policy=gamma_policy)
+    controller = cfg.controller()
     counts: dict[tuple[int, ...], int] = {}
     for _ in range(samples):
-        out = tuple(generate(lm, policy, prompt, cfg, sampler).output_ids[:n_tokens])
+        out = tuple(generate(lm, policy, prompt, cfg, sampler, controller=controller).output_ids[:n_tokens])
         counts[out] = counts.get(out, 0) + 1
     return counts
 
