@@ -130,18 +130,19 @@ def iteration_overhead_ms(step) -> float:
 def predicted_speedup_measured(steps, ar_steps, verify_ratio: Sequence[float] | None) -> float | None:
     """Speedup from the cost model (`iteration_ms`) with measured inputs: the measured tokens per
     iteration (tau, EOS and budget cuts included) over the modelled iteration time, against ar's
-    measured step time. Draft cost per token and the time outside the models are this run's own;
-    scoring k+1 tokens costs verify_ratio[k] (the profile's cost of k+1 tokens against one) times
-    ar's measured one-token forward."""
+    measured time per token. Scoring k+1 tokens costs verify_ratio[k] (the profile's cost of k+1
+    tokens against one) times ar's measured one-token forward; the draft's cost per drafted token
+    and the time outside the models are this run's own (draft time that drafted nothing, such as
+    a confidence stop's last forward, counts as time outside the drafted tokens)."""
     if not steps or not ar_steps or verify_ratio is None:
+        return None
+    if max(s.drafted for s in steps) >= len(verify_ratio):
         return None
     drafted = _sum(steps, "drafted")
     t_draft = _sum(steps, "draft_ms") / drafted if drafted else 0.0
     t_one = _sum(ar_steps, "forward_target_ms") / len(ar_steps)
     verify_ms = [r * t_one for r in verify_ratio]
-    if max(s.drafted for s in steps) >= len(verify_ms):
-        return None
-    overhead = float(np.mean([iteration_overhead_ms(s) for s in steps]))
+    overhead = (_sum(steps, "total_ms") - _sum(steps, "forward_target_ms") - t_draft * drafted) / len(steps)
     modelled = float(np.mean([iteration_ms(s.drafted, t_draft, verify_ms, overhead) for s in steps]))
     tau = _sum(steps, "emitted") / len(steps)
     ar_ms = _sum(ar_steps, "total_ms") / _sum(ar_steps, "emitted")
@@ -248,6 +249,43 @@ def convergence_steps(curve: list[tuple[int, float]], tail: float = 0.25, frac: 
     return curve[last_below + 1][0]
 
 
+SWITCH_WINDOW = 50   # verification steps per window around a target switch
+
+
+def recovery_steps(after, level: float, window: int, frac: float = 0.95) -> int | None:
+    """Steps after a target switch until the windowed alpha (the last `window` steps, all after the
+    switch) is first back within `frac` of the pre-switch level: the end of the first such window
+    (so `window` itself means no measurable drop); None if it never is within the stream."""
+    acc = np.cumsum([0.0] + [s.accepted for s in after])
+    dr = np.cumsum([0.0] + [s.drafted for s in after])
+    for end in range(window, len(after) + 1):
+        d = dr[end] - dr[end - window]
+        if d and (acc[end] - acc[end - window]) / d >= frac * level:
+            return end
+    return None
+
+
+def target_change(steps, switch_prompt: int, window: int = SWITCH_WINDOW) -> dict | None:
+    """Around a target switch before prompt `switch_prompt`: alpha over the last `window` steps
+    before it and the first `window` after, the drop, and `recovery_steps`."""
+    split = next((i for i, s in enumerate(steps) if s.prompt >= switch_prompt), None)
+    if split is None or split == 0:
+        return None
+    before, after = steps[:split], steps[split:]
+    w = min(window, len(before), len(after))
+    a_before, a_after = acceptance_rate(before[-w:]), acceptance_rate(after[:w])
+    return {
+        "switch_prompt": switch_prompt,
+        "switch_step": split,
+        "window": w,
+        "alpha_before": a_before,
+        "alpha_after": a_after,
+        "alpha_drop": None if None in (a_before, a_after) else a_before - a_after,
+        "recovery_steps": recovery_steps(after, a_before, w) if a_before else None,
+        "alpha_after_stream": acceptance_rate(after),
+    }
+
+
 def acceptance_by_entropy(steps, edges=ENTROPY_EDGES) -> list[dict]:
     """alpha bucketed by the target's entropy (nats) at each drafted position.
 
@@ -316,9 +354,11 @@ def gap_closed(x_drift: float | None, x_vanilla: float | None, x_offline: float 
     return (x_drift - x_vanilla) / (x_offline - x_vanilla)
 
 
-def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True, verify_ratio: Sequence[float] | None = None) -> dict:
+def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True, verify_ratio: Sequence[float] | None = None,
+                   switch_prompt: int | None = None) -> dict:
     """All per-method metrics for one stream run (ar_run: the `ar` run on the same stream;
-    verify_ratio: the cost profile's k+1 tokens against one, k = 0..gamma)."""
+    verify_ratio: the cost profile's k+1 tokens against one, k = 0..gamma; switch_prompt: the
+    first prompt of a target-change stream's second target)."""
     steps = run.steps
     ar_steps = ar_run.steps if ar_run is not None else None
     alpha = acceptance_rate(steps)
@@ -353,6 +393,8 @@ def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True, verify_rat
         "stream": stream_statistics(run.generations),
         "complete": run.complete,
     }
+    if switch_prompt is not None:
+        out["target_change"] = target_change(steps, switch_prompt) if run.method != "ar" else None
     sp = paired_speedup(run.generations, ar_run.generations) if ar_run is not None else None
     out.update(sp or {"speedup": None, "speedup_ci95": None, "speedup_per_prompt": None})
     return out

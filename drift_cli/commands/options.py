@@ -57,6 +57,13 @@ def method_options(fn):
     return add_options(fn, settings_options(settings_classes()))
 
 
+def gamma_options(fn):
+    """The γ controller's settings as click options (ablate; bench has them with the methods')."""
+    from drift_cli.engine.gamma import GammaConfig
+
+    return add_options(fn, settings_options([GammaConfig]))
+
+
 def drift_options(fn):
     """DRIFT's settings as click options, without --bank-out (ablate, analyze)."""
     from drift_cli.drift.config import DriftConfig, DriftFiles
@@ -102,6 +109,10 @@ def bench_options(fn):
         click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL"),
         click.option("--methods", default="all", show_default=True, help="'all' or a comma-separated list"),
         click.option("--no-control", is_flag=True, help="skip the indist control stream"),
+        click.option("--switch-target-after", "switch_after", type=int, default=None,
+                     help="a target-change stream: prompts N, N+1, ... are verified by the changed target"),
+        click.option("--switch-target", "switch_target", default=None,
+                     help="the changed target: bf16, int8 or finetune:DOMAIN (built once, cached by recipe)"),
     ]
     for o in reversed(opts):
         fn = o(fn)
