@@ -32,7 +32,7 @@ def cli() -> None:
 
 @cli.command()
 @bench_options
-def bench(scenario, corpus, methods, no_control, zoo, draft, target, device, dtype, threads, split, max_prompts,
+def bench(scenario, corpus, methods, no_control, switch_after, switch_target, zoo, draft, target, device, dtype, threads, split, max_prompts,
           max_new_tokens, gamma, temperature, top_p, seed, out, as_json, **method_opts) -> None:
     """Run methods on one prompt stream and compare them."""
     from drift_cli.bench import BenchConfig, run_bench
@@ -44,7 +44,8 @@ def bench(scenario, corpus, methods, no_control, zoo, draft, target, device, dty
     cfg = BenchConfig(scenario=scenario, corpus=corpus, methods=methods, zoo=zoo, draft=draft, target=target,
                       split=split, max_prompts=max_prompts, max_new_tokens=max_new_tokens, gamma=gamma,
                       temperature=temperature, top_p=top_p, seed=seed, device=device, dtype=dtype, threads=threads,
-                      out=out, control=not no_control, options=method_opts)
+                      out=out, control=not no_control, switch_after=switch_after, switch_target=switch_target,
+                      options=method_opts)
     cfg.validate()
     check_writable(out)
     with rich_progress() as progress:

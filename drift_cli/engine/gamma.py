@@ -9,7 +9,7 @@ budget, and after verification calls `observe(drafted, accepted, top_probs, reco
   hf          transformers' assisted-generation schedule: +2 after an iteration whose drafts
               were all accepted, −1 otherwise (at least 1), capped at --gamma
   ema         SGLang-style tiers: an EMA of the accepted drafts per iteration; γ = the smallest
-              tier (1, 2, 4, 8, ... and --gamma) of at least EMA + 1
+              tier (1, 2, 4, 8, ... and --gamma) of at least round(EMA) + 1
   confidence  llama.cpp's `p-min`: γ = --gamma, and the draft stops inside its own loop before
               the first position whose top probability (of the distribution it would draw from,
               DRIFT's bias included) is below --gamma-p-min (`ModelDraftPolicy.propose`)
@@ -23,6 +23,7 @@ confidence stop only on the draft's own distribution at the position, before a t
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -142,7 +143,7 @@ def tiers(gamma_max: int) -> list[int]:
 
 class Tiered(GammaController):
     """An EMA of accepted drafts per iteration (starting at gamma_max); γ = the smallest tier of
-    at least EMA + 1 (one more than the expected accepted length)."""
+    at least round(EMA) + 1 (one more than the expected accepted length, halves rounded up)."""
 
     name = "ema"
 
@@ -153,7 +154,8 @@ class Tiered(GammaController):
     def observe(self, drafted, accepted, top_probs=(), record=None) -> None:
         if drafted:
             self.ema = (1 - self.rate) * self.ema + self.rate * accepted
-            self.gamma = next((t for t in self.tiers if t >= self.ema + 1), self.gamma_max)
+            want = math.floor(self.ema + 0.5) + 1
+            self.gamma = next((t for t in self.tiers if t >= want), self.gamma_max)
 
 
 class Confidence(GammaController):

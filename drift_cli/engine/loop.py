@@ -225,10 +225,13 @@ def run_stream(
     cfg: DecodeConfig,
     *,
     on_prompt=None,
+    switch: tuple[int, CausalLM] | None = None,
 ) -> StreamRun:
     """Run every prompt of a stream in order through one policy; adaptive state persists.
 
-    A KeyboardInterrupt stops the stream and returns what finished, marked incomplete.
+    switch (N, target B): prompts N, N+1, ... are verified by target B (a target-change stream;
+    the policy's state and the γ controller carry over). A KeyboardInterrupt stops the stream
+    and returns what finished, marked incomplete.
     """
     gen = torch.Generator(device=target.device).manual_seed(cfg.seed)
     sampler = Sampler(cfg.temperature, cfg.top_p, gen)
@@ -239,7 +242,8 @@ def run_stream(
     try:
         for i, prompt in enumerate(stream.prompts):
             step0 = sum(len(g.steps) for g in out)
-            out.append(generate(target, policy, prompt.ids, cfg, sampler, prompt_index=i, step0=step0, tenant=prompt.tenant,
+            active = switch[1] if switch is not None and i >= switch[0] else target
+            out.append(generate(active, policy, prompt.ids, cfg, sampler, prompt_index=i, step0=step0, tenant=prompt.tenant,
                                 controller=controller))
             if on_prompt is not None:
                 on_prompt(i + 1, len(stream.prompts))
