@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from drift_cli import knobs
-from drift_cli.commands.options import decode_options, drift_options, gamma_options, model_options
+from drift_cli.commands.options import ablate_options, decode_options, model_options
 from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
 from drift_cli import interrupt
 from drift_cli.errors import BadInput
@@ -252,8 +252,7 @@ def bench_config(scenario, corpus, methods: str, opts: dict):
 @click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL")
 @model_options
 @decode_options
-@gamma_options
-@drift_options
+@ablate_options
 def ablate(axis, values, sweep_methods, scenario, corpus, as_json, **opts) -> None:
     """Sweep one DRIFT knob (ar and vanilla run once as references), or the γ policy of some methods."""
     from drift_cli.methods import resolve_methods

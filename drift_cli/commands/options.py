@@ -57,11 +57,11 @@ def method_options(fn):
     return add_options(fn, settings_options(settings_classes()))
 
 
-def gamma_options(fn):
-    """The γ controller's settings as click options (ablate; bench has them with the methods')."""
-    from drift_cli.engine.gamma import GammaConfig
+def ablate_options(fn):
+    """Every registered method's settings (the γ controller's included) without --bank-out (ablate)."""
+    from drift_cli.methods import settings_classes
 
-    return add_options(fn, settings_options([GammaConfig]))
+    return add_options(fn, settings_options(settings_classes(), skip=("bank_out",)))
 
 
 def drift_options(fn):
