@@ -191,3 +191,13 @@ def test_every_controller_is_greedy_lossless(greedy_setup, method, policy):
     assert all(0 <= s.gamma <= 4 and s.drafted <= s.gamma for s in run.steps)
     if policy == "fixed":
         assert {s.gamma for s in run.steps} == {4}
+
+
+def test_profile_costs_measures_every_width_and_resets_the_caches():
+    draft, target = tiny_pair()
+    lm_t, lm_d = CausalLM(target, "target"), CausalLM(draft, "draft")
+    profile = profile_costs(lm_t, lm_d, [1, 2, 3, 4, 5], 3, reps=1)
+    assert len(profile.verify_ms) == 4 and all(v > 0 for v in profile.verify_ms) and profile.draft_ms_per_token > 0
+    assert profile.verify_ratio()[0] == 1.0
+    assert lm_t.cache_len == 0 and lm_d.cache_len == 0
+    assert profile_costs(lm_t, None, [1, 2], 2, reps=1).draft_ms_per_token == 0.0

@@ -69,11 +69,13 @@ class CostProfile:
 
 def _forward_ms(lm, ids: torch.Tensor) -> float:
     """ms of scoring ids [1, w] after the cached prefix; the cache is cropped back after."""
-    base = lm.cache_len
-    lm.clock.sync()
+    base, sync = lm.cache_len, lm.device.type == "cuda"
+    if sync:
+        torch.cuda.synchronize(lm.device)
     t0 = time.perf_counter()
     lm.forward(ids)
-    lm.clock.sync()
+    if sync:
+        torch.cuda.synchronize(lm.device)
     ms = (time.perf_counter() - t0) * 1e3
     lm.crop(base)
     return ms
