@@ -12,7 +12,7 @@ from drift_cli.engine.sampling import Sampler
 from drift_cli.methods.vanilla import Vanilla
 from drift_cli.zoo.presets import KDRecipe, LabelledData
 from drift_cli.zoo.pretrained import (Labels, agreement, continuations, cut_draft, distill_on_labels,
-                                      frequent_tokens, label_windows)
+                                      frequent_tokens, label_windows, rechoose_vocabulary)
 from tests.exactness import SIGNIFICANCE, sampling_p_value
 from tests.models import tiny_llama
 
@@ -128,3 +128,30 @@ def test_distillation_on_labels_raises_agreement():
     assert agreement(draft, labels) > before + 0.1
     assert not any(w.requires_grad for w in draft.parameters())
     assert getattr(draft.config, VOCAB_SUBSET_KEY, None) is None
+
+
+def test_an_offline_draft_rechooses_its_vocabulary_from_its_domain():
+    target = _target(scale=6.0)
+    g = torch.Generator().manual_seed(5)
+    draft = cut_draft(target, 1, list(range(16)))                              # the "general" subset: 0..15
+    domain = torch.randint(40, 64, (8, 16), generator=g)                        # a domain of other tokens
+    labels = label_windows(target, domain, 8, 4)
+    before = agreement(draft, labels)
+    rechoose_vocabulary(draft, labels)
+    new = getattr(draft.config, VOCAB_SUBSET_KEY)
+    assert len(new) == 16
+    assert set(frequent_tokens(labels, 8, 64)) <= set(new)                     # the domain's frequent tokens
+    assert set(range(40, 64)) & set(new)
+    logits = OutputHead(draft)(torch.randn(3, 48))
+    assert bool((logits[:, [t for t in range(64) if t not in new]] == OUTSIDE).all())
+    recipe = KDRecipe(LabelledData(0, 0, 16, 4, 4, 8), epochs=30, batch=8, lr=3e-3, warmup=2)
+    distill_on_labels(draft, labels, recipe, "fkl", None, "test")
+    assert agreement(draft, labels) > before + 0.1
+
+
+def test_frequent_tokens_break_ties_towards_the_previous_subset():
+    labels = Labels(torch.tensor([[1, 2, 3, 4]]), torch.tensor([[[1], [2], [3], [4]]]), torch.zeros(1, 4, 1),
+                    torch.ones(1, 4, dtype=torch.bool))
+    assert frequent_tokens(labels, 2, 8) == [1, 2]                             # equal counts: lower ids
+    assert frequent_tokens(labels, 2, 8, prefer=[3, 4]) == [3, 4]
+    assert frequent_tokens(labels, 6, 8, prefer=[7]) == [0, 1, 2, 3, 4, 7]    # unseen: preferred, then lower

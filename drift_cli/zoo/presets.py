@@ -165,6 +165,10 @@ class PretrainedPreset:
     draft: DraftFromTarget
     draft_train: KDRecipe
     offline: KDRecipe       # the base draft distilled further on a scenario's train split
+    # "domain": an offline draft re-chooses its vocabulary subset (same size) from its scenario's
+    # labels, so it scores the domain's frequent tokens (code identifiers, legal terms) that the
+    # general-prose subset left out; "base": it keeps the base draft's subset
+    offline_vocab: str = "base"
     # method defaults that differ from the code's for this pair, tuned on its dev streams
     method_defaults: dict = field(default_factory=dict)
 
@@ -188,6 +192,7 @@ PRETRAINED: dict[str, PretrainedPreset] = {
             data=LabelledData(raw_tokens=24_576, generated_tokens=24_576, seq_len=128, prefix_len=32,
                               gen_batch=16, top_k=32),
             epochs=2, batch=16, lr=5e-4, warmup=5),
+        offline_vocab="domain",
     ),
 }
 

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from drift_cli import gguf
 from drift_cli.divergence import divergence
-from drift_cli.engine.head import VOCAB_SUBSET_KEY
+from drift_cli.engine.head import VOCAB_SUBSET_KEY, vocab_subset
 from drift_cli.engine.lm import CausalLM
 from drift_cli.errors import BadInput
 from drift_cli.zoo import cache
@@ -182,12 +182,22 @@ def build_labels(target: torch.nn.Module, tokenizer, docs, data: LabelledData, s
 
 # ---- the draft ---------------------------------------------------------------------------------
 
-def frequent_tokens(labels: Labels, size: int, vocab: int) -> list[int]:
-    """The `size` most frequent token ids of the labelled text (ties by id), sorted by id."""
+def frequent_tokens(labels: Labels, size: int, vocab: int, prefer: list[int] | None = None) -> list[int]:
+    """The `size` most frequent token ids of the labelled text (its tokens and the target's argmax),
+    sorted by id. Ties go to the ids in `prefer` (a previous subset), then to the lower id."""
     counts = torch.bincount(labels.ids[labels.mask].flatten(), minlength=vocab)
     counts += torch.bincount(labels.top_ids[..., 0][labels.mask].flatten(), minlength=vocab)
-    order = sorted(range(vocab), key=lambda t: (-int(counts[t]), t))
+    preferred = set(prefer or ())
+    order = sorted(range(vocab), key=lambda t: (-int(counts[t]), t not in preferred, t))
     return sorted(order[:size])
+
+
+def rechoose_vocabulary(draft: torch.nn.Module, labels: Labels) -> None:
+    """A subset draft's vocabulary re-chosen, same size, as the most frequent tokens of `labels`
+    (ties keep the old subset's). The head's rows outside the old subset still hold the target's
+    embeddings (`cut_draft`), so the new tokens start from those and are trained like the rest."""
+    old = vocab_subset(draft)
+    setattr(draft.config, VOCAB_SUBSET_KEY, frequent_tokens(labels, len(old), draft.config.vocab_size, old))
 
 
 def cut_draft(target: torch.nn.Module, layers: int, vocab_ids: list[int] | None) -> torch.nn.Module:
@@ -290,7 +300,8 @@ def _split(docs, dev_share: float = 0.05):
 
 
 def _train_draft(p: PretrainedPreset, target: torch.nn.Module, tokenizer, draft: torch.nn.Module | None,
-                 docs, recipe: KDRecipe, kind: str, on_policy: bool, out: Path, progress, label: str) -> dict:
+                 docs, recipe: KDRecipe, kind: str, on_policy: bool, out: Path, progress, label: str,
+                 revocab: bool = False) -> dict:
     train_docs, check_docs = _split(docs)
     labels = build_labels(target, tokenizer, train_docs, recipe.data, recipe.seed, progress, label,
                           generator=draft if on_policy else None)
@@ -300,6 +311,8 @@ def _train_draft(p: PretrainedPreset, target: torch.nn.Module, tokenizer, draft:
     if draft is None:
         vocab = frequent_tokens(labels, p.draft.vocab, target.config.vocab_size) if p.draft.vocab else None
         draft = cut_draft(target, p.draft.layers, vocab)
+    elif revocab and vocab_subset(draft):
+        rechoose_vocabulary(draft, labels)
     before = agreement(draft, check)
     curve = distill_on_labels(draft, labels, recipe, kind, progress, label)
     after = agreement(draft, check)
@@ -379,6 +392,8 @@ def ensure_pretrained_offline(p: PretrainedPreset, scenario: str, divergence_kin
     recipe = {"component": "offline", "code_version": cache.CODE_VERSION, "base_draft": base,
               "scenario": scenario, "divergence": divergence_kind, "on_policy": on_policy,
               "distill": asdict(p.offline), "data": cache.documents_hash(docs)}
+    if p.offline_vocab != "base":
+        recipe["vocab"] = p.offline_vocab     # absent for "base": the recipes built before it keep their hash
     recipe["hash"] = cache.recipe_hash(recipe)
     final = pair.root / "offline" / cache.offline_name(scenario, divergence_kind, on_policy)
     if cache.component_matches(final, recipe["hash"]):
@@ -390,5 +405,5 @@ def ensure_pretrained_offline(p: PretrainedPreset, scenario: str, divergence_kin
             draft = AutoModelForCausalLM.from_pretrained(str(pair.draft), dtype=torch.float32)
             _build(final, recipe, lambda out: _train_draft(
                 p, target, tok, draft, docs, p.offline, divergence_kind, on_policy, out, progress,
-                f"offline {final.name}"))
+                f"offline {final.name}", revocab=p.offline_vocab == "domain"))
     return final
