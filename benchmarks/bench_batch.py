@@ -4,7 +4,7 @@ For each batch size B it runs the stream through one method with `--batch-size B
 per iteration, the harness time outside both models' forward passes (ragged proposal fitting,
 the acceptance rule, per-row rollback, masks and per-row KV writes charged inside no forward
 span, the method hooks), next to the forward passes' own time, and the ratio of that outside
-time to B = 1's. Iteration times are the rows' shares summed back (`metrics.iteration_ms`).
+time to B = 1's. Iteration times are the rows' shares summed back (`metrics.iteration_times_ms`).
 
     python benchmarks/bench_batch.py --zoo micro --max-prompts 16 --max-new-tokens 32
     python benchmarks/bench_batch.py --zoo smollm --methods vanilla,drift --sizes 1,2,4,8

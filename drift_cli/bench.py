@@ -10,20 +10,21 @@ from __future__ import annotations
 import gc
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from drift_cli import metrics
+from drift_cli.engine.gamma import GammaConfig, profile_costs
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, StreamRun, run_stream
 from drift_cli.errors import BadInput
 from drift_cli.methods import METHODS, resolve_methods, settings_classes
 from drift_cli.methods.base import MethodContext
-from drift_cli.models import (Pair, check_same_tokenizer, checkpoint_dir, load_model, load_pair, load_tokenizer,
-                              parse_device)
+from drift_cli.models import (ModelInfo, Pair, check_same_tokenizer, checkpoint_dir, load_model, load_pair, load_tokenizer,
+                              parse_device, parse_dtype, resolve_checkpoint)
 from drift_cli.results import SCHEMA_VERSION, RunJson, environment, new_run_id
 from drift_cli.stream import Stream
 
@@ -54,6 +55,8 @@ class BenchConfig:
     threads: int | None = None   # torch CPU threads; None: 1 on the CPU (see docs/engine.md)
     out: Path = Path("results")
     control: bool = True
+    switch_after: int | None = None   # a target-change stream: prompts N, N+1, ... use the changed target
+    switch_target: str | None = None  # the change: bf16, int8 or finetune:DOMAIN (zoo/target_change.py)
     options: dict[str, Any] = field(default_factory=dict)   # method options (--gain, --osd-lr, ...)
 
     def validate(self) -> None:
@@ -85,8 +88,21 @@ class BenchConfig:
         if (self.draft is None) != (self.target is None):
             raise BadInput("give both --draft and --target, or neither (then --zoo is used)")
         parse_device(self.device_name)
+        self.target_change()
         check_bank_options(self)
         self.configs()
+
+    def target_change(self):
+        """The parsed --switch-target (None without one); BadInput on a bad pair of flags."""
+        if (self.switch_after is None) != (self.switch_target is None):
+            raise BadInput("give both --switch-target-after N and --switch-target KIND, or neither")
+        if self.switch_after is None:
+            return None
+        if self.switch_after < 1:
+            raise BadInput(f"--switch-target-after must be at least 1 (got {self.switch_after})")
+        from drift_cli.zoo.target_change import TargetChange
+
+        return TargetChange.parse(self.switch_target)
 
     def configs(self) -> dict[type, Any]:
         """Every registered method's settings from `options`, validated (BadInput)."""
@@ -103,6 +119,8 @@ class BenchConfig:
 class Models:
     pair: Pair
     zoo_preset: str | None
+    switched: torch.nn.Module | None = None       # the changed target of a target-change stream
+    switched_info: ModelInfo | None = None
 
     def options(self, cfg: BenchConfig) -> dict[str, Any]:
         """The method options: the preset's tuned defaults (data), then what the user gave."""
@@ -177,6 +195,9 @@ def check_context(models: Models, stream: Stream, cfg: BenchConfig) -> None:
                        f"exceeds the models' context of {positions} positions")
     if cfg.gamma > positions:
         raise BadInput(f"--gamma {cfg.gamma} exceeds the models' context of {positions} positions")
+    if cfg.switch_after is not None and cfg.switch_after >= len(stream.prompts):
+        raise BadInput(f"--switch-target-after {cfg.switch_after} leaves no prompt for the changed target "
+                       f"(the stream has {len(stream.prompts)} prompts)")
 
 
 def set_threads(cfg: BenchConfig) -> None:
@@ -188,11 +209,22 @@ def set_threads(cfg: BenchConfig) -> None:
 def load_models(cfg: BenchConfig, progress: Progress | None = None) -> Models:
     set_threads(cfg)
     if cfg.draft is not None:
-        return Models(load_pair(cfg.draft, cfg.target, cfg.device_name, cfg.dtype), None)
-    from drift_cli.zoo import ensure_zoo
+        models = Models(load_pair(cfg.draft, cfg.target, cfg.device_name, cfg.dtype), None)
+        target_path = cfg.target
+    else:
+        from drift_cli.zoo import ensure_zoo
 
-    zp = ensure_zoo(cfg.zoo, progress=progress)
-    return Models(load_pair(zp.draft, zp.target, cfg.device_name, cfg.dtype), cfg.zoo)
+        zp = ensure_zoo(cfg.zoo, progress=progress)
+        models, target_path = Models(load_pair(zp.draft, zp.target, cfg.device_name, cfg.dtype), cfg.zoo), zp.target
+    change = cfg.target_change()
+    if change is not None:
+        from drift_cli.zoo.target_change import ensure_changed_target
+
+        path, print_ = resolve_checkpoint(ensure_changed_target(target_path, change, progress), "changed target")
+        check_same_tokenizer(load_tokenizer(path, "changed target"), models.pair.tokenizer)
+        models.switched = load_model(path, parse_device(cfg.device_name), parse_dtype(cfg.dtype))
+        models.switched_info = ModelInfo(str(path), print_, sum(p.numel() for p in models.switched.parameters()))
+    return models
 
 
 def resolve_scenario(cfg: BenchConfig, name: str | None = None):
@@ -225,7 +257,8 @@ def check_preset(cfg: BenchConfig) -> None:
 
 
 def decode_config(cfg: BenchConfig, stream: Stream, eos_id: int | None) -> DecodeConfig:
-    return DecodeConfig(cfg.gamma, stream.max_new_tokens, cfg.temperature, cfg.top_p, eos_id, cfg.seed, cfg.batch_size)
+    return DecodeConfig(cfg.gamma, stream.max_new_tokens, cfg.temperature, cfg.top_p, eos_id, cfg.seed, cfg.batch_size,
+                        gamma_policy=cfg.configs()[GammaConfig])
 
 
 def warm_up(target: CausalLM, models: Models, stream: Stream, dcfg: DecodeConfig) -> None:
@@ -248,6 +281,7 @@ class Entry:
     name: str
     build: Callable[[MethodContext], Any]
     optional: bool = False
+    gamma: tuple[int, GammaConfig] | None = None   # this row's --gamma and γ policy (default: the run's)
 
 
 def method_entries(names: list[str], explicit: bool = True) -> list[Entry]:
@@ -266,10 +300,14 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
     target = CausalLM(models.pair.target, "target")
     dcfg = decode_config(cfg, stream, models.pair.eos_id)
     ctx = models.context(stream.scenario, cfg)
+    switch = (cfg.switch_after, CausalLM(models.switched, "target")) if models.switched is not None else None
     runs: dict[str, StreamRun] = {}
     skipped: dict[str, str] = {}
     try:
         warm_up(target, models, stream, dcfg)
+        gamma_max = max([dcfg.gamma] + [e.gamma[0] for e in entries if e.gamma])
+        dcfg = replace(dcfg, cost_profile=profile_costs(target, CausalLM(models.pair.draft, "draft"),
+                                                        stream.prompts[0].ids, gamma_max))
         for entry in entries:
             try:
                 policy = entry.build(ctx)
@@ -286,7 +324,8 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
             gc.collect()
             gc.freeze()
             try:
-                runs[entry.name] = run_stream(target, policy, stream, dcfg, on_prompt=tick)
+                ecfg = replace(dcfg, gamma=entry.gamma[0], gamma_policy=entry.gamma[1]) if entry.gamma else dcfg
+                runs[entry.name] = run_stream(target, policy, stream, ecfg, on_prompt=tick, switch=switch)
             finally:
                 gc.unfreeze()   # collectable again (extensions that check for leaks at exit stay quiet)
             if not runs[entry.name].complete:
@@ -310,8 +349,14 @@ def summarise(runs: dict[str, StreamRun], cfg: BenchConfig, target: torch.nn.Mod
     `drift_cli.engine.diverge`: where an output left ar's, and the target's top-2 gap there)."""
     ar = runs.get("ar")
     greedy = cfg.temperature == 0.0
-    out = {name: {**metrics.method_metrics(run, cfg.gamma, ar, greedy=greedy), "report": run.report}
-           for name, run in runs.items()}
+
+    def one(run: StreamRun) -> dict:
+        gamma = max([cfg.gamma] + [s.gamma for s in run.steps])    # a row may have its own γ cap
+        ratio = run.cost_profile.verify_ratio() if run.cost_profile else None
+        return metrics.method_metrics(run, gamma, ar, greedy=greedy, verify_ratio=ratio,
+                                      switch_prompt=cfg.switch_after)
+
+    out = {name: {**one(run), "report": run.report} for name, run in runs.items()}
     if greedy and ar is not None and target is not None:
         from drift_cli.engine.diverge import divergences
 
@@ -356,10 +401,12 @@ def envelope(cfg: BenchConfig, label: str, models: Models, stream: Stream, runs:
                                        if cfg.options.get(k) is None and v is not None},
             **config},
         "env": environment(),
-        "models": {"draft": models.pair.draft_info.to_json(), "target": models.pair.target_info.to_json()},
+        "models": {"draft": models.pair.draft_info.to_json(), "target": models.pair.target_info.to_json(),
+                   **({"target_after_switch": models.switched_info.to_json()} if models.switched_info else {})},
         "seeds": {"decode": cfg.seed},
         "stream": {"identity": stream.identity(), "prompts": len(stream.prompts), **stream.meta,
                    **(methods["ar"]["stream"] if "ar" in methods else {})},
+        "cost_profile": next((r.cost_profile.to_json() for r in runs.values() if r.cost_profile), None),
         "methods": methods,
     }
 

@@ -32,8 +32,9 @@ def cli() -> None:
 
 @cli.command()
 @bench_options
-def bench(scenario, corpus, methods, no_control, batch_sizes, shuffle, zoo, draft, target, device, dtype, threads, split,
-          max_prompts, max_new_tokens, gamma, batch_size, temperature, top_p, seed, out, as_json, **method_opts) -> None:
+def bench(scenario, corpus, methods, no_control, batch_sizes, shuffle, switch_after, switch_target, zoo, draft, target,
+          device, dtype, threads, split, max_prompts, max_new_tokens, gamma, batch_size, temperature, top_p, seed, out,
+          as_json, **method_opts) -> None:
     """Run methods on one prompt stream and compare them."""
     from drift_cli.bench import BenchConfig, parse_sizes, run_bench
     from drift_cli.report import render_run
@@ -45,6 +46,7 @@ def bench(scenario, corpus, methods, no_control, batch_sizes, shuffle, zoo, draf
                       split=split, max_prompts=max_prompts, max_new_tokens=max_new_tokens, shuffle=shuffle,
                       gamma=gamma, batch_size=batch_size, temperature=temperature, top_p=top_p, seed=seed,
                       device=device, dtype=dtype, threads=threads, out=out, control=not no_control,
+                      switch_after=switch_after, switch_target=switch_target,
                       options=method_opts, batch_sizes=parse_sizes(batch_sizes))
     cfg.validate()
     check_writable(out)

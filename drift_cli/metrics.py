@@ -65,7 +65,7 @@ def tokens_per_s(steps) -> float | None:
     return _sum(steps, "emitted") / ms * 1e3 if ms else None
 
 
-def iteration_ms(steps) -> list[float]:
+def iteration_times_ms(steps) -> list[float]:
     """Wall time of each iteration: a batch-1 record is one; a batch's rows (one step index) are
     summed back from their shares."""
     out: list[float] = []
@@ -83,7 +83,7 @@ def iteration_ms(steps) -> list[float]:
 
 def step_ms_quantile(steps, q: float) -> float | None:
     """A quantile of the iteration times (one row per iteration at batch 1)."""
-    return float(np.quantile(iteration_ms(steps), q)) if steps else None
+    return float(np.quantile(iteration_times_ms(steps), q)) if steps else None
 
 
 def throughput_tokens_per_s(generations, wall_ms: float) -> float | None:
@@ -134,6 +134,64 @@ def predicted_speedup(alpha: float | None, gamma: int, c: float | None) -> float
     return expected / (gamma * c + 1)
 
 
+def expected_emitted(alpha_by_position: Sequence[float], k: int) -> float:
+    """Expected tokens an iteration that drafts k emits: 1 + sum_{i<=k} prod_{j<=i} alpha_j, with
+    alpha_j = P(position j accepted | j-1 accepted) (acceptances come in runs; no i.i.d. assumption)."""
+    out, run = 1.0, 1.0
+    for a in alpha_by_position[:k]:
+        run *= a
+        out += run
+    return out
+
+
+def iteration_ms(k: int, draft_ms_per_token: float, verify_ms: Sequence[float], overhead_ms: float) -> float:
+    """The cost model of one iteration that drafts k: k draft steps, the target scoring k+1 tokens
+    (verify_ms[k], measured per width) and the iteration's time outside both models."""
+    return k * draft_ms_per_token + verify_ms[k] + overhead_ms
+
+
+def goodput(alpha_by_position: Sequence[float], k: int, draft_ms_per_token: float, verify_ms: Sequence[float],
+            overhead_ms: float) -> float:
+    """Expected emitted tokens per ms when drafting k: what the `cost` γ controller maximises."""
+    return expected_emitted(alpha_by_position, k) / iteration_ms(k, draft_ms_per_token, verify_ms, overhead_ms)
+
+
+def iteration_overhead_ms(step) -> float:
+    """An iteration's time outside drafting and the target's forward pass (acceptance, rollback,
+    adaptation, the harness)."""
+    return max(0.0, step.total_ms - step.draft_ms - step.forward_target_ms)
+
+
+def predicted_speedup_measured(steps, ar_steps, verify_ratio: Sequence[float] | None) -> float | None:
+    """Speedup from the cost model (`iteration_ms`) with measured inputs: the measured tokens per
+    iteration (tau, EOS and budget cuts included) over the modelled iteration time, against ar's
+    measured time per token. Scoring k+1 tokens costs verify_ratio[k] (the profile's cost of k+1
+    tokens against one) times ar's measured one-token forward; the draft's cost per drafted token
+    and the time outside the models are this run's own (draft time that drafted nothing, such as
+    a confidence stop's last forward, counts as time outside the drafted tokens)."""
+    if not steps or not ar_steps or verify_ratio is None:
+        return None
+    if max(s.drafted for s in steps) >= len(verify_ratio):
+        return None
+    drafted = _sum(steps, "drafted")
+    t_draft = _sum(steps, "draft_ms") / drafted if drafted else 0.0
+    t_one = _sum(ar_steps, "forward_target_ms") / len(ar_steps)
+    verify_ms = [r * t_one for r in verify_ratio]
+    overhead = (_sum(steps, "total_ms") - _sum(steps, "forward_target_ms") - t_draft * drafted) / len(steps)
+    modelled = float(np.mean([iteration_ms(s.drafted, t_draft, verify_ms, overhead) for s in steps]))
+    tau = _sum(steps, "emitted") / len(steps)
+    ar_ms = _sum(ar_steps, "total_ms") / _sum(ar_steps, "emitted")
+    return tau * ar_ms / modelled if modelled else None
+
+
+def gamma_histogram(steps, gamma: int) -> list[int]:
+    """Iterations by the γ their controller chose, 0..gamma."""
+    hist = [0] * (gamma + 1)
+    for s in steps:
+        hist[min(s.gamma, gamma)] += 1
+    return hist
+
+
 def per_prompt_tokens_per_s(generations) -> list[float]:
     return [len(g.output_ids) / g.decode_ms * 1e3 if g.decode_ms else 0.0 for g in generations]
 
@@ -143,7 +201,9 @@ def _bootstrap(n: int, statistic, n_boot: int, seed: int, level: float) -> tuple
     if n == 0:
         return (math.nan, math.nan)
     idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-    lo, hi = np.quantile(statistic(idx), [(1 - level) / 2, 1 - (1 - level) / 2])
+    with np.errstate(divide="ignore", invalid="ignore"):   # a ratio's resample may have no denominator
+        values = statistic(idx)
+    lo, hi = np.nanquantile(values, [(1 - level) / 2, 1 - (1 - level) / 2])
     return float(lo), float(hi)
 
 
@@ -224,6 +284,43 @@ def convergence_steps(curve: list[tuple[int, float]], tail: float = 0.25, frac: 
     return curve[last_below + 1][0]
 
 
+SWITCH_WINDOW = 50   # verification steps per window around a target switch
+
+
+def recovery_steps(after, level: float, window: int, frac: float = 0.95) -> int | None:
+    """Steps after a target switch until the windowed alpha (the last `window` steps, all after the
+    switch) is first back within `frac` of the pre-switch level: the end of the first such window
+    (so `window` itself means no measurable drop); None if it never is within the stream."""
+    acc = np.cumsum([0.0] + [s.accepted for s in after])
+    dr = np.cumsum([0.0] + [s.drafted for s in after])
+    for end in range(window, len(after) + 1):
+        d = dr[end] - dr[end - window]
+        if d and (acc[end] - acc[end - window]) / d >= frac * level:
+            return end
+    return None
+
+
+def target_change(steps, switch_prompt: int, window: int = SWITCH_WINDOW) -> dict | None:
+    """Around a target switch before prompt `switch_prompt`: alpha over the last `window` steps
+    before it and the first `window` after, the drop, and `recovery_steps`."""
+    split = next((i for i, s in enumerate(steps) if s.prompt >= switch_prompt), None)
+    if split is None or split == 0:
+        return None
+    before, after = steps[:split], steps[split:]
+    w = min(window, len(before), len(after))
+    a_before, a_after = acceptance_rate(before[-w:]), acceptance_rate(after[:w])
+    return {
+        "switch_prompt": switch_prompt,
+        "switch_step": split,
+        "window": w,
+        "alpha_before": a_before,
+        "alpha_after": a_after,
+        "alpha_drop": None if None in (a_before, a_after) else a_before - a_after,
+        "recovery_steps": recovery_steps(after, a_before, w) if a_before else None,
+        "alpha_after_stream": acceptance_rate(after),
+    }
+
+
 def acceptance_by_entropy(steps, edges=ENTROPY_EDGES) -> list[dict]:
     """alpha bucketed by the target's entropy (nats) at each drafted position.
 
@@ -292,8 +389,11 @@ def gap_closed(x_drift: float | None, x_vanilla: float | None, x_offline: float 
     return (x_drift - x_vanilla) / (x_offline - x_vanilla)
 
 
-def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True) -> dict:
-    """All per-method metrics for one stream run (ar_run: the `ar` run on the same stream)."""
+def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True, verify_ratio: Sequence[float] | None = None,
+                   switch_prompt: int | None = None) -> dict:
+    """All per-method metrics for one stream run (ar_run: the `ar` run on the same stream;
+    verify_ratio: the cost profile's k+1 tokens against one, k = 0..gamma; switch_prompt: the
+    first prompt of a target-change stream's second target)."""
     steps = run.steps
     ar_steps = ar_run.steps if ar_run is not None else None
     alpha = acceptance_rate(steps)
@@ -324,6 +424,9 @@ def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True) -> dict:
         "harness_overhead_pct": harness_overhead_pct(steps),
         "cost_ratio": c,
         "predicted_speedup": predicted_speedup(alpha, gamma, c) if run.method != "ar" else 1.0,
+        "predicted_speedup_measured": (predicted_speedup_measured(steps, ar_steps, verify_ratio)
+                                       if run.method != "ar" else 1.0),
+        "gamma_histogram": gamma_histogram(steps, gamma),
         "alpha_curve": curve,
         "convergence_steps": convergence_steps(curve),
         "acceptance_by_entropy": acceptance_by_entropy(steps),
@@ -331,6 +434,8 @@ def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True) -> dict:
         "stream": stream_statistics(run.generations),
         "complete": run.complete,
     }
+    if switch_prompt is not None:
+        out["target_change"] = target_change(steps, switch_prompt) if run.method != "ar" else None
     sp = paired_speedup(run.generations, ar_run.generations) if ar_run is not None else None
     out.update(sp or {"speedup": None, "speedup_ci95": None, "speedup_per_prompt": None})
     return out

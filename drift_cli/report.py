@@ -20,8 +20,9 @@ def _speedup(m: dict) -> str:
 def method_table(title: str, methods: dict[str, dict]) -> Table:
     t = Table(title=title, title_justify="left")
     for col, just in [("method", "left"), ("α", "right"), ("τ", "right"), ("tok/s", "right"),
-                      ("speedup [95% CI]", "right"), ("predicted", "right"), ("overhead %", "right"),
-                      ("p50 / p99 ms", "right"), ("ar match", "right"), ("conv. steps", "right")]:
+                      ("speedup [95% CI]", "right"), ("predicted i.i.d. / measured", "right"),
+                      ("overhead %", "right"), ("p50 / p99 ms", "right"), ("ar match", "right"),
+                      ("conv. steps", "right"), ("recovery steps", "right")]:
         t.add_column(col, justify=just)
     for name, m in methods.items():
         t.add_row(
@@ -30,11 +31,12 @@ def method_table(title: str, methods: dict[str, dict]) -> Table:
             _f(m.get("mean_accepted_length"), "{:.2f}"),
             _f(m.get("tokens_per_s"), "{:.1f}"),
             _speedup(m),
-            _f(m.get("predicted_speedup"), "{:.2f}"),
+            f"{_f(m.get('predicted_speedup'), '{:.2f}')} / {_f(m.get('predicted_speedup_measured'), '{:.2f}')}",
             _f(m.get("overhead_pct"), "{:.2f}"),
             f"{_f(m.get('p50_step_ms'), '{:.1f}')} / {_f(m.get('p99_step_ms'), '{:.1f}')}",
             _f(m.get("ar_match_rate"), "{:.2f}"),
             _f(m.get("convergence_steps"), "{}"),
+            _f((m.get("target_change") or {}).get("recovery_steps"), "{}"),
         )
     return t
 

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 from scipy.stats import chisquare
 
+from drift_cli.engine.gamma import GammaConfig
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, generate, run_stream
 from drift_cli.engine.sampling import Sampler
@@ -51,20 +52,23 @@ def sample_first_tokens(
     gamma: int = 3,
     seed: int = 0,
     batch: int = 1,
+    gamma_policy: GammaConfig = GammaConfig(),
 ) -> dict[tuple[int, ...], int]:
     """batch 1: `generate` once per sample; batch B: one stream of `samples` copies of the prompt,
-    B rows at a time (continuous batching; adaptive state learns across all of them)."""
+    B rows at a time (continuous batching). Adaptive state and the γ controller persist across
+    the samples (as across the prompts of a stream), so an adaptive γ varies between samples."""
     lm = CausalLM(target, "target")
     policy = make_policy()
     cfg = DecodeConfig(gamma=gamma, max_new_tokens=n_tokens + gamma, temperature=temperature, top_p=top_p,
-                       seed=seed, batch_size=batch)
+                       seed=seed, batch_size=batch, gamma_policy=gamma_policy)
     if batch > 1:
         stream = Stream("exactness", "test", [Prompt(tuple(prompt), f"s{i}") for i in range(samples)], n_tokens + gamma)
         outputs = [g.output_ids for g in run_stream(lm, policy, stream, cfg).generations]
     else:
         policy.begin_stream()
         sampler = Sampler(temperature, top_p, torch.Generator().manual_seed(seed))
-        outputs = [generate(lm, policy, prompt, cfg, sampler).output_ids for _ in range(samples)]
+        controller = cfg.controller()
+        outputs = [generate(lm, policy, prompt, cfg, sampler, controller=controller).output_ids for _ in range(samples)]
     counts: dict[tuple[int, ...], int] = {}
     for out in outputs:
         key = tuple(out[:n_tokens])

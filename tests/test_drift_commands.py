@@ -60,7 +60,33 @@ def test_ablate_key_runs_draft_and_target_est(pair, tmp_path, capsys):
     assert te["report"]["key_map"]["tenants"]["default"]["pairs"] > 0     # the map collected its pairs
 
 
+def test_ablate_gamma_policy_runs_each_method_at_each_policy(pair, tmp_path, capsys):
+    code, out, err = run_cli(["ablate", "--sweep", "gamma-policy", "--values", "fixed:1,fixed,hf,cost",
+                              "--methods", "vanilla,pld", "--gamma", "3", *common(pair, tmp_path)], capsys)
+    assert code == 0, err
+    run = json.loads(out)
+    ab = run["ablation"]
+    assert ab["axis"] == "gamma-policy" and ab["methods"] == ["vanilla", "pld"]
+    assert [(r["method"], r["value"]) for r in ab["rows"]] == [
+        (m, v) for m in ("vanilla", "pld") for v in ("fixed:1", "fixed", "hf", "cost")]
+    methods = run["methods"]
+    assert set(methods) == {"ar"} | {f"{m}[gamma-policy={v}]" for m in ("vanilla", "pld")
+                                     for v in ("fixed:1", "fixed", "hf", "cost")}
+    assert all(m["ar_match_rate"] == 1.0 for m in methods.values())
+    # fixed:1 drafts one token per iteration, fixed the run's --gamma 3
+    one, three = methods["vanilla[gamma-policy=fixed:1]"], methods["vanilla[gamma-policy=fixed]"]
+    assert one["gamma_histogram"] == [0, one["iterations"], 0, 0]
+    assert three["gamma_histogram"] == [0, 0, 0, three["iterations"]]
+    assert methods["vanilla[gamma-policy=cost]"]["report"]["gamma_controller"]["policy"] == "cost"
+    assert len(run["cost_profile"]["verify_ms"]) == 4
+
+
 @pytest.mark.parametrize("args,message", [
+    (["ablate", "--sweep", "gamma-policy", "--values", "fixed,greedy"], "--gamma-policy must be one of fixed, hf"),
+    (["ablate", "--sweep", "gamma-policy", "--values", "fixed:0"], "the γ after ':' must be an integer >= 1"),
+    (["ablate", "--sweep", "gamma-policy", "--methods", "ar"], "--methods names no drafting method"),
+    (["bench", "--gamma-policy", "fast"], "Invalid value for '--gamma-policy'"),
+    (["bench", "--gamma-p-min", "1.5"], "--gamma-p-min': must be in [0, 1], got 1.5"),
     (["ablate", "--sweep", "lamda"], "unknown ablation axis 'lamda' (did you mean 'lambda'?)"),
     (["ablate", "--sweep", "eta", "--values", "0.1,fast"], "--values for axis eta: --eta: 'fast' is not a valid float"),
     # --values go through the knob's own check, as the flag does (before any model loads)

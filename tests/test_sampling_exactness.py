@@ -1,8 +1,10 @@
 """Sampling losslessness: the speculative output distribution equals the target's.
 
 A chi-square test (significance 1e-3, ~3000 samples of the first two tokens, vocabulary 8)
-must accept the engine's output for vanilla and for a biased proposal, and must reject a
-deliberately wrong rule that uses the unbiased q in the acceptance ratio of a biased proposal.
+must accept the engine's output for vanilla and for a biased proposal (at a fixed γ and under
+the hf, ema and confidence γ controllers, whose state persists across the samples), and must
+reject a deliberately wrong rule that uses the unbiased q in the acceptance ratio of a biased
+proposal (at a fixed γ and under a controller).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from drift_cli.engine.gamma import GammaConfig
+from drift_cli.engine.sampling import Sampler
 from drift_cli.methods.ar import Autoregressive
 from drift_cli.methods.base import ModelDraftPolicy, Proposal
 from drift_cli.methods.vanilla import Vanilla
@@ -27,6 +31,18 @@ class Biased(ModelDraftPolicy):
 
     def adjust(self, hidden, logits, sampler):
         return logits + torch.tensor([3.0, 0, 0, 0, 0, 0, 0, -2.0])
+
+
+class Mixed(ModelDraftPolicy):
+    """A bias that depends on the draft's own state: strong (top probability ~0.76) where the draft's
+    raw argmax is even, none elsewhere, so that a confidence stop at p_min 0.5 cuts some
+    proposals early and leaves others whole."""
+
+    name = "mixed"
+
+    def adjust(self, hidden, logits, sampler):
+        even = (logits.argmax(-1, keepdim=True) % 2 == 0).float()
+        return logits + even * torch.tensor([3.0, 0, 0, 0, 0, 0, 0, -2.0])
 
 
 class WrongRule(Biased):
@@ -53,8 +69,14 @@ def pair():
         (Biased, {}),
         (Biased, {"temperature": 0.7, "top_p": 0.9}),
         (Autoregressive, {}),
+        (Biased, {"gamma_policy": GammaConfig(policy="hf"), "gamma": 4}),
+        (Biased, {"gamma_policy": GammaConfig(policy="ema", ema_rate=0.5), "gamma": 4}),
+        (Mixed, {"gamma_policy": GammaConfig(policy="confidence", p_min=0.5), "gamma": 4}),
+        (Mixed, {"gamma_policy": GammaConfig(policy="confidence", p_min=0.5), "gamma": 4, "temperature": 0.7,
+                 "top_p": 0.9}),
     ],
-    ids=["vanilla", "biased", "biased-T0.7-top_p0.9", "ar"],
+    ids=["vanilla", "biased", "biased-T0.7-top_p0.9", "ar", "biased-hf", "biased-ema", "mixed-confidence",
+         "mixed-confidence-T0.7-top_p0.9"],
 )
 def test_speculative_sampling_matches_target(pair, policy, kw):
     draft, target = pair
@@ -63,10 +85,25 @@ def test_speculative_sampling_matches_target(pair, policy, kw):
     assert p > SIGNIFICANCE, f"output distribution differs from the target's (p = {p:.2e})"
 
 
+def test_mixed_bias_makes_confidence_stop_sometimes(pair):
+    """The confidence cases above exercise both branches: early stops and whole proposals."""
+    draft, _ = pair
+    policy, sampler = Mixed(draft), Sampler(1.0, None, torch.Generator().manual_seed(0))
+    policy.p_min = 0.5
+    ks = set()
+    for first in range(8):
+        context = torch.tensor([PROMPT + [first]])
+        policy.begin_prompt(context)
+        ks.add(policy.propose(context, 4, sampler).k)
+    assert 4 in ks and len(ks) > 1, ks
+
+
 @pytest.mark.slow
-def test_wrong_rule_is_detected(pair):
+@pytest.mark.parametrize("policy", ["fixed", "hf"])
+def test_wrong_rule_is_detected(pair, policy):
     draft, target = pair
-    p = sampling_p_value(target, lambda: WrongRule(draft), PROMPT, samples=3000)
+    p = sampling_p_value(target, lambda: WrongRule(draft), PROMPT, samples=3000,
+                         gamma_policy=GammaConfig(policy=policy))
     assert p < SIGNIFICANCE, f"the wrong acceptance rule went unnoticed (p = {p:.3f})"
 
 

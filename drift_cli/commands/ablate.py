@@ -1,7 +1,10 @@
-"""`drift ablate --sweep AXIS`: one DRIFT knob swept on one prompt stream.
+"""`drift ablate --sweep AXIS`: one DRIFT knob, or the γ policy, swept on one prompt stream.
 
 `ar` and `vanilla` run once (the speedup baseline and the no-memory reference); then `drift`
-runs once per value of the axis with every other knob at its configured value. The run is
+runs once per value of the axis with every other knob at its configured value. The
+`gamma-policy` axis instead runs each of `--methods` (default vanilla,drift) once per γ policy
+(`fixed`, `hf`, `ema`, `confidence`, `cost`; `NAME:K` sets that row's --gamma to K), after one
+`ar`. The run is
 saved like a bench run (`results/<scenario>/<run-id>/run.json`, `steps.jsonl`, the bench plots)
 plus `ablation-<axis>.png` (acceptance and speedup per value) and an `ablation` block in
 run.json; `--json` prints run.json.
@@ -15,19 +18,24 @@ from pathlib import Path
 import click
 
 from drift_cli import knobs
-from drift_cli.commands.options import decode_options, drift_options, model_options
+from drift_cli.commands.options import ablate_options, decode_options, model_options
 from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
 from drift_cli import interrupt
 from drift_cli.errors import BadInput
 from drift_cli.drift.config import DriftConfig, DriftFiles
+from drift_cli.engine.gamma import GAMMA_POLICIES, GammaConfig
 from drift_cli.methods.drift import DriftMethod
 from drift_cli.registry import unknown
 
 
 @dataclass(frozen=True)
 class Axis:
-    option: str                       # the DriftConfig field (its knob parses and checks --values)
+    option: str                       # the settings field (its knob parses and checks --values)
     values: tuple                     # the default sweep
+    settings: type = DriftConfig      # the settings class the field belongs to
+
+
+GAMMA_AXIS = "gamma-policy"
 
 
 AXES: dict[str, Axis] = {
@@ -40,7 +48,25 @@ AXES: dict[str, Axis] = {
     "sigma": Axis("sigma", (0.1, 0.25, 0.5, 1.0)),
     "adaptive-rate": Axis("adaptive_rate", (True, False)),
     "key": Axis("key", ("draft", "target-est")),
+    GAMMA_AXIS: Axis("policy", GAMMA_POLICIES, GammaConfig),
 }
+
+
+def parse_gamma_value(text: str) -> str:
+    """'hf' or 'fixed:2' (a policy, optionally with its own --gamma), checked; returns it normalised."""
+    name, _, k = text.strip().partition(":")
+    knobs.parse_value(GammaConfig, "policy", name)
+    if not k:
+        return name.strip()
+    if not k.strip().isdigit() or int(k) < 1:
+        raise BadInput(f"--values {text!r}: the γ after ':' must be an integer >= 1")
+    return f"{name.strip()}:{int(k)}"
+
+
+def gamma_row(value: str, gamma: int, base: GammaConfig) -> tuple[int, GammaConfig]:
+    """A gamma-policy value -> (that row's --gamma, its γ settings)."""
+    name, _, k = value.partition(":")
+    return (int(k) if k else gamma), replace(base, policy=name)
 
 
 def sweep_values(axis: str, values: str | None) -> tuple[Axis, list]:
@@ -55,22 +81,36 @@ def sweep_values(axis: str, values: str | None) -> tuple[Axis, list]:
     if not texts:
         raise BadInput("--values is empty")
     try:
-        return ax, [knobs.parse_value(DriftConfig, ax.option, t) for t in texts]
+        if axis == GAMMA_AXIS:
+            return ax, [parse_gamma_value(t) for t in texts]
+        return ax, [knobs.parse_value(ax.settings, ax.option, t) for t in texts]
     except BadInput as e:
         raise BadInput(f"--values for axis {axis}: {e}") from None
 
 
-def label(axis: str, value) -> str:
-    return f"drift[{axis}={value}]"
+def label(axis: str, value, method: str = "drift") -> str:
+    return f"{method}[{axis}={value}]"
 
 
-def run_ablation(cfg, axis: str, values: list, progress=None) -> tuple[dict, list[dict]]:
+def gamma_entries(cfg, methods: list[str], values: list[str]) -> list:
+    """ar, then each method at each γ policy (a method that cannot build is skipped)."""
+    from drift_cli import bench
+    from drift_cli.methods import METHODS
+
+    base = cfg.configs()[GammaConfig]
+    entries = bench.method_entries(["ar"])
+    for m in methods:
+        entries += [bench.Entry(label(GAMMA_AXIS, v, m), METHODS[m].build, optional=True,
+                                gamma=gamma_row(v, cfg.gamma, base)) for v in values]
+    return entries
+
+
+def run_ablation(cfg, axis: str, values: list, progress=None, methods: list[str] | None = None) -> tuple[dict, list[dict]]:
     """Everything `drift ablate` does except printing and writing. cfg: a BenchConfig.
 
     One run of the shared loop: ar and vanilla, then drift once per value (a value drift refuses
-    to build with is skipped with its reason), all under the same timing conditions."""
-    from dataclasses import replace
-
+    to build with is skipped with its reason), all under the same timing conditions. The
+    gamma-policy axis: ar, then every method of `methods` at every value."""
     from drift_cli import bench
 
     ax = AXES[axis]
@@ -78,6 +118,8 @@ def run_ablation(cfg, axis: str, values: list, progress=None) -> tuple[dict, lis
     scenario = bench.resolve_scenario(cfg)           # a bad name fails before any model loads
     models = bench.load_models(cfg, progress)
     stream = bench.load_stream(cfg, models.pair.tokenizer, scenario)
+    if axis == GAMMA_AXIS:
+        return run_gamma_ablation(cfg, values, methods or ["vanilla", "drift"], models, stream, progress)
 
     def build_at(value):
         def build(ctx):
@@ -99,12 +141,27 @@ def run_ablation(cfg, axis: str, values: list, progress=None) -> tuple[dict, lis
     return run, bench.step_records(runs)
 
 
+def run_gamma_ablation(cfg, values: list[str], methods: list[str], models, stream, progress=None):
+    from drift_cli import bench
+
+    runs, skipped = bench.run_entries(gamma_entries(cfg, methods, values), models, stream, cfg, progress)
+    summary = bench.summarise(runs, cfg)
+    rows = [{"method": m, **ablation_row(v, summary.get(label(GAMMA_AXIS, v, m)), skipped.get(label(GAMMA_AXIS, v, m)))}
+            for m in methods for v in values]
+    run = bench.envelope(cfg, f"ablate-{GAMMA_AXIS}", models, stream, runs, summary)
+    run["ablation"] = {"axis": GAMMA_AXIS, "option": "gamma_policy", "values": values, "methods": methods,
+                       "rows": rows, "skipped": skipped}
+    return run, bench.step_records(runs)
+
+
 def ablation_row(value, m: dict | None, skipped: str | None) -> dict:
     if m is None:
         return {"value": value, "skipped": skipped or "not run"}
     report = m.get("report", {})
     return {"value": value, **{k: m.get(k) for k in ("acceptance_rate", "mean_accepted_length", "speedup",
                                                       "speedup_ci95", "overhead_pct", "convergence_steps")},
+            "predicted_speedup_measured": m.get("predicted_speedup_measured"),
+            "gamma_histogram": m.get("gamma_histogram"),
             "memory_bytes": report.get("memory_bytes"), "prototypes": report.get("prototypes")}
 
 
@@ -115,16 +172,17 @@ def plot_ablation(run: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ab = run["ablation"]
-    rows = [r for r in ab["rows"] if "skipped" not in r]
-    xs = [str(r["value"]) for r in rows]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    a1.plot(xs, [r["acceptance_rate"] for r in rows], marker="o", label="drift")
+    for method in ab.get("methods", ["drift"]):
+        rows = [r for r in ab["rows"] if "skipped" not in r and r.get("method", "drift") == method]
+        xs = [str(r["value"]) for r in rows]
+        a1.plot(xs, [r["acceptance_rate"] for r in rows], marker="o", label=method)
+        a2.plot(xs, [r["speedup"] for r in rows], marker="o", label=method)
     if ab.get("vanilla_acceptance_rate") is not None:
         a1.axhline(ab["vanilla_acceptance_rate"], color="grey", ls="--", label="vanilla")
     a1.set_xlabel(ab["axis"])
     a1.set_ylabel("acceptance rate")
     a1.legend()
-    a2.plot(xs, [r["speedup"] for r in rows], marker="o", label="drift")
     if ab.get("vanilla_speedup") is not None:
         a2.axhline(ab["vanilla_speedup"], color="grey", ls="--", label="vanilla")
     a2.set_xlabel(ab["axis"])
@@ -144,16 +202,22 @@ def ablation_table(run: dict):
     t = Table(title=f"sweep of {ab['axis']} ({run['scenario']}, {run['split']}); vanilla α "
                     f"{_f(ab.get('vanilla_acceptance_rate'))}, speedup {_f(ab.get('vanilla_speedup'), '{:.2f}')}",
               title_justify="left")
-    for col in ("value", "α", "τ", "speedup", "overhead %", "conv. steps", "prototypes", "memory MiB"):
+    by_method = "methods" in ab
+    cols = (("method",) if by_method else ()) + ("value", "α", "τ", "speedup", "95% CI", "pred. (measured)",
+                                                 "overhead %", "conv. steps", "prototypes", "memory MiB")
+    for col in cols:
         t.add_column(col, justify="right")
     for r in ab["rows"]:
+        head = [r["method"]] if by_method else []
         if "skipped" in r:
-            t.add_row(str(r["value"]), f"skipped: {r['skipped']}", *[""] * 6)
+            t.add_row(*head, str(r["value"]), f"skipped: {r['skipped']}", *[""] * (len(cols) - len(head) - 2))
             continue
-        mem = r.get("memory_bytes")
-        t.add_row(str(r["value"]), _f(r["acceptance_rate"]), _f(r["mean_accepted_length"], "{:.2f}"),
-                  _f(r["speedup"], "{:.2f}"), _f(r["overhead_pct"], "{:.2f}"), _f(r["convergence_steps"], "{}"),
-                  _f(r.get("prototypes"), "{}"), _f(None if mem is None else mem / 2**20, "{:.2f}"))
+        mem, ci = r.get("memory_bytes"), r.get("speedup_ci95")
+        t.add_row(*head, str(r["value"]), _f(r["acceptance_rate"]), _f(r["mean_accepted_length"], "{:.2f}"),
+                  _f(r["speedup"], "{:.2f}"), "–" if not ci else f"{ci[0]:.2f}–{ci[1]:.2f}",
+                  _f(r.get("predicted_speedup_measured"), "{:.2f}"), _f(r["overhead_pct"], "{:.2f}"),
+                  _f(r["convergence_steps"], "{}"), _f(r.get("prototypes"), "{}"),
+                  _f(None if mem is None else mem / 2**20, "{:.2f}"))
     return t
 
 
@@ -180,21 +244,28 @@ def bench_config(scenario, corpus, methods: str, opts: dict):
 
 @click.command()
 @click.option("--sweep", "axis", required=True, help=f"the axis: {', '.join(AXES)}")
-@click.option("--values", default=None, help="comma-separated values (default: the axis's preset sweep)")
+@click.option("--values", default=None, help="comma-separated values (default: the axis's preset sweep; "
+              "gamma-policy: NAME or NAME:K for a row at --gamma K)")
+@click.option("--methods", "sweep_methods", default="vanilla,drift", show_default=True,
+              help="gamma-policy axis: the methods run at every γ policy")
 @click.option("--scenario", default=None, help="scenario name (default jargon)")
 @click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL")
 @model_options
 @decode_options
-@drift_options
-def ablate(axis, values, scenario, corpus, as_json, **opts) -> None:
-    """Sweep one DRIFT knob on one stream (ar and vanilla run once as references)."""
+@ablate_options
+def ablate(axis, values, sweep_methods, scenario, corpus, as_json, **opts) -> None:
+    """Sweep one DRIFT knob (ar and vanilla run once as references), or the γ policy of some methods."""
+    from drift_cli.methods import resolve_methods
     from drift_cli.results import check_writable, write_run
 
     _, parsed = sweep_values(axis, values)
-    cfg = bench_config(scenario, corpus, "ar,vanilla", opts)
+    methods = [m for m in resolve_methods(sweep_methods) if m != "ar"] if axis == GAMMA_AXIS else None
+    if methods == []:
+        raise BadInput("--methods names no drafting method to sweep the γ policy of")
+    cfg = bench_config(scenario, corpus, "ar," + ",".join(methods) if methods else "ar,vanilla", opts)
     check_writable(cfg.out)
     with rich_progress() as progress:
-        run, steps = run_ablation(cfg, axis, parsed, ProgressCallback(progress))
+        run, steps = run_ablation(cfg, axis, parsed, ProgressCallback(progress), methods)
     path = write_run(cfg.out, run, steps)
     plot_ablation(run, path / f"ablation-{axis}.png")
     if as_json:

@@ -57,6 +57,13 @@ def method_options(fn):
     return add_options(fn, settings_options(settings_classes()))
 
 
+def ablate_options(fn):
+    """Every registered method's settings (the γ controller's included) without --bank-out (ablate)."""
+    from drift_cli.methods import settings_classes
+
+    return add_options(fn, settings_options(settings_classes(), skip=("bank_out",)))
+
+
 def drift_options(fn):
     """DRIFT's settings as click options, without --bank-out (ablate, analyze)."""
     from drift_cli.drift.config import DriftConfig, DriftFiles
@@ -108,6 +115,10 @@ def bench_options(fn):
                      help="comma-separated batch sizes: the batch-size curve (every method at each size)"),
         click.option("--shuffle", type=int, default=0, show_default=True,
                      help="stream shuffle N: another draw of the split's documents (0 = the scenario's stream)"),
+        click.option("--switch-target-after", "switch_after", type=int, default=None,
+                     help="a target-change stream: prompts N, N+1, ... are verified by the changed target"),
+        click.option("--switch-target", "switch_target", default=None,
+                     help="the changed target: bf16, int8 or finetune:DOMAIN (built once, cached by recipe)"),
     ]
     for o in reversed(opts):
         fn = o(fn)

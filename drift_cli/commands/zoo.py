@@ -45,6 +45,28 @@ def build(preset: str, offline_scenarios: tuple[str, ...], divergence: str, on_p
         out.print(f"offline draft: {path}")
 
 
+@zoo.command("change-target")
+@click.option("--preset", default="small", show_default=True, help="the zoo whose target is changed")
+@click.option("--target", "target_path", default=None, help="or a target checkpoint (directory or GGUF file)")
+@click.option("--change", required=True, help="bf16, int8 or finetune:DOMAIN")
+@click.option("--json", "as_json", is_flag=True, help="Print the changed target's build record as JSON.")
+def change_target(preset: str, target_path: str | None, change: str, as_json: bool) -> None:
+    """Build (once, cached by recipe) the target re-quantised or briefly fine-tuned; print its path."""
+    from drift_cli.zoo import ensure_zoo
+    from drift_cli.zoo.cache import read_json
+    from drift_cli.zoo.target_change import TargetChange, ensure_changed_target
+
+    recipe = TargetChange.parse(change)
+    with rich_progress(transient=False) as bars:
+        progress = ProgressCallback(bars)
+        base = target_path or ensure_zoo(preset, progress=progress).target
+        path = ensure_changed_target(base, recipe, progress)
+    if as_json:
+        click.echo(strict_json({"path": str(path), **(read_json(path / "build.json") or {})}, indent=2, sort_keys=True))
+        return
+    Console().print(f"changed target ({recipe.label}): {path}", highlight=False)
+
+
 def _manifest_table(manifest: dict) -> Table:
     if "loss_curves" not in manifest:
         return _pretrained_table(manifest)

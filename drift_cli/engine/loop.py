@@ -21,12 +21,13 @@ Cache invariant for the target: each row holds its committed sequence minus its 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
 from drift_cli import interrupt
 from drift_cli.engine.acceptance import accept_greedy, accept_sampling
+from drift_cli.engine.gamma import CostProfile, GammaConfig, GammaController, controller as gamma_controller
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.sampling import Sampler
 from drift_cli.engine.timing import IterationClock
@@ -43,6 +44,12 @@ class DecodeConfig:
     eos_id: int | None = None
     seed: int = 0
     batch_size: int = 1          # slots decoded together (continuous batching)
+    gamma_policy: GammaConfig = GammaConfig()   # --gamma caps the adaptive policies
+    cost_profile: CostProfile | None = None     # the cost controller's measured costs
+
+    def controller(self) -> GammaController:
+        """A fresh γ controller (one per stream)."""
+        return gamma_controller(self.gamma_policy, self.gamma, self.cost_profile)
 
 
 @dataclass
@@ -66,6 +73,7 @@ class StepRecord:
     target_entropy: list[float] = field(default_factory=list)  # nats, per drafted position (T = 1)
     slot: int = 0                # the row's slot
     batch: int = 1               # rows in the iteration
+    gamma: int = 0               # the γ the controller chose (before the generation-budget cut)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -171,12 +179,16 @@ class Decoder:
     freed slots take the next prompts in stream order (lowest slot first).
     """
 
-    def __init__(self, target: CausalLM, policy: DraftPolicy, cfg: DecodeConfig, sampler: Sampler) -> None:
+    def __init__(self, target: CausalLM, policy: DraftPolicy, cfg: DecodeConfig, sampler: Sampler,
+                 controller: GammaController | None = None, t0: float | None = None) -> None:
         self.target, self.policy, self.cfg, self.sampler = target, policy, cfg, sampler
         self.clock = IterationClock(target.device)
         target.clock = self.clock
         policy.clock = self.clock
-        self.t0 = time.perf_counter()
+        # one γ for every row of an iteration; it learns from the rows in slot order
+        self.controller = controller or cfg.controller()
+        policy.p_min = self.controller.p_min
+        self.t0 = time.perf_counter() if t0 is None else t0
 
     def _now_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1e3
@@ -195,9 +207,10 @@ class Decoder:
         self.clock.read()
         return _Row(index, list(prompt_ids), tenant, ids, (time.perf_counter() - t0) * 1e3, admitted)
 
-    def run(self, prompts, out: list[Generation], step0: int = 0, on_done=None) -> None:
+    def run(self, prompts, out: list[Generation], step0: int = 0, on_done=None) -> int:
         """Decode prompts [(stream index, ids, tenant)], appending each finished Generation to
-        `out` (in finishing order; a KeyboardInterrupt leaves the finished ones there)."""
+        `out` (in finishing order; a KeyboardInterrupt leaves the finished ones there). Returns
+        the next step index."""
         cfg, policy, target = self.cfg, self.policy, self.target
         b = max(1, cfg.batch_size)
         target.reset_rows(b)
@@ -222,6 +235,7 @@ class Decoder:
                         on_done(len(out))
                     nxt = next(queue, None)
                     slots[s] = None if nxt is None else self.admit(s, *nxt)
+        return step
 
     def finish(self, slot: int, row: _Row) -> Generation:
         output = row.ids[len(row.prompt_ids):]
@@ -233,7 +247,8 @@ class Decoder:
     def iteration(self, active: list[int], rows: list[_Row], step: int) -> None:
         cfg, policy, target, sampler, clock = self.cfg, self.policy, self.target, self.sampler, self.clock
         t_start = time.perf_counter()
-        budget = [draft_budget(cfg.gamma, cfg.max_new_tokens, r.produced) for r in rows]
+        gamma = self.controller.next_gamma()
+        budget = [draft_budget(gamma, cfg.max_new_tokens, r.produced) for r in rows]
         context = Rows(active, [r.ids for r in rows], [r.tenant for r in rows], budget)
         room = max(budget)
         with clock.span("draft"):
@@ -270,14 +285,25 @@ class Decoder:
                      forward_draft_ms=ms.get("forward_draft", 0.0), forward_target_ms=ms.get("forward_target", 0.0))
         if share != 1.0:
             split = {name: v * share for name, v in split.items()}
+        records = []
         for r, row in enumerate(rows):
-            row.steps.append(StepRecord(
+            records.append(StepRecord(
                 prompt=row.index, step=step, drafted=drafted[r], accepted=acc[r], emitted=emitted[r], **split,
                 # instrumentation, outside the timed iteration:
                 target_entropy=_entropy(target_logits[r, : drafted[r]]) if drafted[r] else [],
-                slot=active[r], batch=len(rows)))
+                slot=active[r], batch=len(rows), gamma=gamma))
+            row.steps.append(records[-1])
             row.ids = new_ids[r]
             row.produced += emitted[r]
+        # the controller learns from the records, rows in slot order; its time is added to them
+        t_ctl = time.perf_counter()
+        top = proposal.top_prob.tolist() if proposal.top_prob is not None else None
+        for r, record in enumerate(records):
+            self.controller.observe(drafted[r], acc[r], top[r][: drafted[r]] if top is not None else [], record)
+        ctl_ms = (time.perf_counter() - t_ctl) * 1e3 * share
+        for record in records:
+            record.total_ms += ctl_ms
+            record.other_ms += ctl_ms
 
 
 def generate(
@@ -290,11 +316,13 @@ def generate(
     prompt_index: int = 0,
     step0: int = 0,
     tenant: str | None = None,
+    controller: GammaController | None = None,
 ) -> Generation:
-    """Generate up to cfg.max_new_tokens after one prompt (batch size 1)."""
+    """Generate up to cfg.max_new_tokens after one prompt (batch size 1). controller: the
+    stream's γ controller (default: a fresh one from cfg)."""
     out: list[Generation] = []
-    one = DecodeConfig(**{**asdict(cfg), "batch_size": 1})
-    Decoder(target, policy, one, sampler).run([(prompt_index, prompt_ids, tenant)], out, step0)
+    one = replace(cfg, batch_size=1)
+    Decoder(target, policy, one, sampler, controller).run([(prompt_index, prompt_ids, tenant)], out, step0)
     return out[0]
 
 
@@ -306,6 +334,7 @@ class StreamRun:
     report: dict
     wall_ms: float = 0.0         # the whole stream: prefills, iterations, admissions
     batch_size: int = 1
+    cost_profile: CostProfile | None = None   # the stream's measured costs (DecodeConfig.cost_profile)
 
     @property
     def steps(self) -> list[StepRecord]:
@@ -319,25 +348,38 @@ def run_stream(
     cfg: DecodeConfig,
     *,
     on_prompt=None,
+    switch: tuple[int, CausalLM] | None = None,
 ) -> StreamRun:
     """Run every prompt of a stream through one policy, cfg.batch_size rows at a time, prompts
     admitted in stream order; adaptive state persists. Generations come back in stream order.
 
-    A KeyboardInterrupt stops the stream and returns what finished, marked incomplete.
+    switch (N, target B): prompts N, N+1, ... are verified by target B (a target-change stream;
+    the policy's state and the γ controller carry over). A KeyboardInterrupt stops the stream
+    and returns what finished, marked incomplete.
     """
     gen = torch.Generator(device=target.device).manual_seed(cfg.seed)
     sampler = Sampler(cfg.temperature, cfg.top_p, gen)
     policy.begin_stream()
+    controller = cfg.controller() if policy.drafts else GammaController(0)
     out: list[Generation] = []
     complete = True
     total = len(stream.prompts)
-    decoder = Decoder(target, policy, cfg, sampler)
+    t0 = time.perf_counter()
     tick = (lambda done: on_prompt(done, total)) if on_prompt is not None else None
     try:
-        decoder.run([(i, p.ids, p.tenant) for i, p in enumerate(stream.prompts)], out, on_done=tick)
+        parts = [(target, list(enumerate(stream.prompts)))]
+        if switch is not None:                      # the rows drain before the new target takes over
+            parts = [(target, parts[0][1][:switch[0]]), (switch[1], parts[0][1][switch[0]:])]
+        step = 0
+        for active, prompts in parts:
+            decoder = Decoder(active, policy, cfg, sampler, controller, t0=t0)
+            step = decoder.run([(i, p.ids, p.tenant) for i, p in prompts], out, step, on_done=tick)
     except KeyboardInterrupt:
         complete = False
-    wall = decoder._now_ms()
+    wall = (time.perf_counter() - t0) * 1e3
     policy.end_stream()
     out.sort(key=lambda g: g.prompt_index)
-    return StreamRun(policy.name, out, complete, policy.report(), wall, max(1, cfg.batch_size))
+    report = policy.report()
+    if cfg.gamma_policy.policy != "fixed" and policy.drafts:
+        report = {**report, "gamma_controller": {"policy": controller.name, **controller.report()}}
+    return StreamRun(policy.name, out, complete, report, wall, max(1, cfg.batch_size), cfg.cost_profile)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import warnings
 from importlib.metadata import entry_points
 
+from drift_cli.engine.gamma import GammaConfig
 from drift_cli.methods.ar import Autoregressive
 from drift_cli.methods.base import DraftPolicy
 from drift_cli.methods.drift import DriftMethod
@@ -71,8 +72,9 @@ def resolve_methods(spec: str) -> list[str]:
 
 
 def settings_classes(names: list[str] | None = None) -> list[type]:
-    """The settings dataclasses of these registered methods (default: all), each once, in order."""
-    out: list[type] = []
+    """The settings dataclasses of these registered methods (default: all), each once, in order,
+    after the γ controller's (`--gamma-policy`, which every drafting method composes with)."""
+    out: list[type] = [GammaConfig]
     for name in METHODS.names() if names is None else names:
         out += [c for c in METHODS[name].configs if c not in out]
     return out

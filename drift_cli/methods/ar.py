@@ -6,4 +6,5 @@ from drift_cli.methods.base import DraftPolicy
 
 class Autoregressive(DraftPolicy):
     name = "ar"
+    drafts = False
     description = "the target alone, autoregressive (the latency baseline)"

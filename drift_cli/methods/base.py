@@ -68,6 +68,8 @@ class Proposal:
     hidden: torch.Tensor | None = None       # [B, k, d] draft hidden state (lm_head input) per position
     base_logits: torch.Tensor | None = None  # [B, k, V] raw draft logits before any adjustment
     num_draft: torch.Tensor | None = None    # [B] int64 on the CPU: tokens drafted per row (None: k each)
+    top_prob: torch.Tensor | None = None     # [B, k] the top probability of each position's q' (only
+    #                                          when a `confidence` γ controller asked for it)
 
     @property
     def k(self) -> int:
@@ -82,7 +84,7 @@ class Proposal:
     def truncate(self, k: int) -> "Proposal":
         cut = lambda t: None if t is None else t[:, :k]  # noqa: E731
         nd = None if self.num_draft is None else self.num_draft.clamp(max=k)
-        return Proposal(self.tokens[:, :k], cut(self.q), cut(self.hidden), cut(self.base_logits), nd)
+        return Proposal(self.tokens[:, :k], cut(self.q), cut(self.hidden), cut(self.base_logits), nd, cut(self.top_prob))
 
     def fit(self, lengths: list[int]) -> "Proposal":
         """The proposal with row b cut to lengths[b] <= its drafts, the width to the longest."""
@@ -160,12 +162,16 @@ class DraftPolicy:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     uses_draft_model: ClassVar[bool] = False
+    drafts: ClassVar[bool] = True        # False (`ar`): the γ controller does not apply
     # The method's settings dataclasses (fields made with `drift_cli.knobs.knob`): `drift bench`,
     # `ablate` and `analyze` generate their flags from these (`drift_cli.commands.options`).
     configs: ClassVar[tuple[type, ...]] = ()
 
     clock: IterationClock = NullClock()
     slot: int = 0                            # the row begin_prompt / end_prompt are about (set by the engine)
+    # Set by the engine for the `confidence` γ controller: a drafter that can stop early stops
+    # before the first position whose proposal's top probability is below this.
+    p_min: float | None = None
 
     @classmethod
     def build(cls, ctx: MethodContext) -> "DraftPolicy":
@@ -238,13 +244,20 @@ class ModelDraftPolicy(DraftPolicy):
         """γ batched draft steps for every row; a row with a smaller budget keeps its first ones."""
         context = as_rows(context)
         feed: list[torch.Tensor] | torch.Tensor = [ids[self.lm.row_len(s):] for s, ids in zip(context.slots, context.ids)]
-        tokens, qs, hs, zs = [], [], [], []
+        tokens, qs, hs, zs, tops = [], [], [], [], []
         for _ in range(gamma):
             h, z = self.lm.forward_rows(context.slots, feed)
             h, z = last_positions(h, feed), last_positions(z, feed)   # [B, d], [B, V]
             logits = sampler.sampling_logits(z)            # the engine's conversion, untimed
             with self.clock.span("adjust"):                # the method's own adjustment only
                 logits = self.adjust(h, logits, sampler)
+            if self.p_min is not None:
+                # the stop depends only on the draft's own distribution here, before a token is
+                # drawn, so sampling stays exact; one host read per draft token (llama.cpp's p-min)
+                top = sampler.probs(logits).amax(dim=-1)   # [B]; greedy: the T = 1 distribution
+                if float(top.min()) < self.p_min:
+                    break
+                tops.append(top)
             x, q = sampler.pick(logits)
             tokens.append(x)
             hs.append(h)
@@ -259,7 +272,8 @@ class ModelDraftPolicy(DraftPolicy):
             q=torch.stack(qs, 1) if qs else None,
             hidden=torch.stack(hs, 1),
             base_logits=torch.stack(zs, 1),
-        ).fit(context.budgets(gamma))
+            top_prob=torch.stack(tops, 1) if tops else None,
+        ).fit([min(n, len(tokens)) for n in context.budgets(gamma)])   # the confidence stop may end it early
 
     def commit(self, context: Rows) -> None:
         context = as_rows(context)

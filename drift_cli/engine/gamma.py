@@ -1,0 +1,247 @@
+"""Speculation-length controllers: how many tokens to draft in the next iteration.
+
+A controller lives for one stream (its state persists across the stream's prompts, as a
+method's adaptive state does) and composes with every drafting method. Per iteration the loop
+asks `next_gamma()` for γ (at most `--gamma`, the cap), hands it to the draft policy as its
+budget, and after verification calls `observe(drafted, accepted, top_probs, record)`.
+
+  fixed       γ = --gamma every iteration (the default; today's behaviour)
+  hf          transformers' assisted-generation schedule: +2 after an iteration whose drafts
+              were all accepted, −1 otherwise (at least 1), capped at --gamma
+  ema         SGLang-style tiers: an EMA of the accepted drafts per iteration; γ = the smallest
+              tier (1, 2, 4, 8, ... and --gamma) of at least round(EMA) + 1
+  confidence  llama.cpp's `p-min`: γ = --gamma, and the draft stops inside its own loop before
+              the first position whose top probability (of the distribution it would draw from,
+              DRIFT's bias included) is below --gamma-p-min (`ModelDraftPolicy.propose`)
+  cost        goodput-optimal: γ in 0..--gamma maximising expected emitted tokens per
+              millisecond (`drift_cli.metrics.goodput`), from online α-by-position estimates and
+              the measured costs of drafting and of scoring γ+1 tokens (`CostProfile`)
+
+Every controller is lossless: γ depends only on what earlier iterations revealed, and the
+confidence stop only on the draft's own distribution at the position, before a token is drawn.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from drift_cli import metrics
+from drift_cli.knobs import Settings, between, knob
+
+GAMMA_POLICIES = ("fixed", "hf", "ema", "confidence", "cost")
+
+
+@dataclass(frozen=True)
+class GammaConfig(Settings):
+    policy: str = knob("fixed", "--gamma-policy", "speculation length: fixed (--gamma), hf (+2/-1), ema (tiers), "
+                       "confidence (stop below --gamma-p-min) or cost (goodput-optimal); --gamma caps the others",
+                       choices=GAMMA_POLICIES)
+    p_min: float = knob(0.75, "--gamma-p-min", "confidence: stop drafting when the draft's top probability is below this",
+                        ok=between(0.0, 1.0), rule="must be in [0, 1]")
+    ema_rate: float = knob(0.3, "--gamma-ema-rate", "ema: weight of the newest iteration's accepted drafts",
+                           ok=lambda x: 0.0 < x <= 1.0, rule="must be in (0, 1]")
+    # cost: per-iteration decay of the α-by-position counts (tracks a shift; also re-explores)
+    decay: float = knob(0.98, "--gamma-cost-decay", "cost: per-iteration decay of the α-by-position counts",
+                        ok=lambda x: 0.0 < x <= 1.0, rule="must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Measured costs before the stream (`profile_costs`): the target scoring w = 1..γ+1 tokens
+    after the first prompt (ms per width) and the draft's one-token step."""
+
+    verify_ms: tuple[float, ...]        # [w - 1]: scoring w tokens
+    draft_ms_per_token: float
+
+    def verify_ratio(self) -> list[float]:
+        """Cost of scoring k+1 tokens against one, k = 0..γ."""
+        return [v / self.verify_ms[0] for v in self.verify_ms]
+
+    def to_json(self) -> dict:
+        return {"verify_ms": list(self.verify_ms), "verify_ratio": self.verify_ratio(),
+                "draft_ms_per_token": self.draft_ms_per_token}
+
+
+def _forward_ms(lm, ids: torch.Tensor) -> float:
+    """ms of scoring ids [1, w] after the cached prefix; the cache is cropped back after."""
+    base, sync = lm.cache_len, lm.device.type == "cuda"
+    if sync:
+        torch.cuda.synchronize(lm.device)
+    t0 = time.perf_counter()
+    lm.forward(ids)
+    if sync:
+        torch.cuda.synchronize(lm.device)
+    ms = (time.perf_counter() - t0) * 1e3
+    lm.crop(base)
+    return ms
+
+
+def profile_costs(target, draft, prompt: Sequence[int], gamma: int, reps: int = 7) -> CostProfile:
+    """Profile the target at widths 1..γ+1 and the draft at width 1 (CausalLMs; draft may be
+    None) after `prompt`: the widths are interleaved rep by rep, so that a busy spell of a shared
+    machine lands on all of them, and each keeps its fastest rep (the first is a warm-up).
+    Leaves both caches reset."""
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=target.device)
+    feed = ids[:, -1:].repeat(1, gamma + 1)
+    out = []
+    for lm, widths in ((target, range(1, gamma + 2)), (draft, (1,))):
+        if lm is None:
+            out.append([0.0])
+            continue
+        lm.reset()
+        lm.forward(ids[:, :-1] if ids.shape[1] > 1 else ids)
+        times = [[_forward_ms(lm, feed[:, :w]) for w in widths] for _ in range(reps + 1)][1:]
+        out.append([min(col) for col in zip(*times, strict=True)])
+        lm.reset()
+    return CostProfile(tuple(out[0]), out[1][0])
+
+
+class GammaController:
+    """`fixed`, and the interface of every controller."""
+
+    name = "fixed"
+    p_min: float | None = None          # set: the draft stops below this top probability
+
+    def __init__(self, gamma_max: int) -> None:
+        self.gamma_max = gamma_max
+        self.gamma = gamma_max
+
+    def next_gamma(self) -> int:
+        """γ for the next iteration, 0..gamma_max (the loop also cuts it at the generation budget)."""
+        return self.gamma
+
+    def observe(self, drafted: int, accepted: int, top_probs: Sequence[float] = (), record: Any = None) -> None:
+        """The iteration's feedback: tokens drafted and accepted, the draft's top probability at
+        each drafted position (confidence only) and its StepRecord (timings)."""
+
+    def report(self) -> dict[str, Any]:
+        return {}
+
+
+class Transformers(GammaController):
+    """+2 when every draft was accepted, −1 otherwise (transformers' `num_assistant_tokens`
+    heuristic schedule), within 1..gamma_max. An iteration that drafted nothing changes nothing."""
+
+    name = "hf"
+
+    def observe(self, drafted, accepted, top_probs=(), record=None) -> None:
+        if drafted:
+            step = 2 if accepted == drafted else -1
+            self.gamma = max(1, min(self.gamma_max, self.gamma + step))
+
+
+def tiers(gamma_max: int) -> list[int]:
+    """1, 2, 4, 8, ... below gamma_max, then gamma_max."""
+    out = [1]
+    while out[-1] * 2 < gamma_max:
+        out.append(out[-1] * 2)
+    return sorted(set(out) | {gamma_max})
+
+
+class Tiered(GammaController):
+    """An EMA of accepted drafts per iteration (starting at gamma_max); γ = the smallest tier of
+    at least round(EMA) + 1 (one more than the expected accepted length, halves rounded up)."""
+
+    name = "ema"
+
+    def __init__(self, gamma_max: int, rate: float) -> None:
+        super().__init__(gamma_max)
+        self.rate, self.ema, self.tiers = rate, float(gamma_max), tiers(gamma_max)
+
+    def observe(self, drafted, accepted, top_probs=(), record=None) -> None:
+        if drafted:
+            self.ema = (1 - self.rate) * self.ema + self.rate * accepted
+            want = math.floor(self.ema + 0.5) + 1
+            self.gamma = next((t for t in self.tiers if t >= want), self.gamma_max)
+
+
+class Confidence(GammaController):
+    """γ = gamma_max; the draft policy stops below p_min (`ModelDraftPolicy.propose`)."""
+
+    name = "confidence"
+
+    def __init__(self, gamma_max: int, p_min: float) -> None:
+        super().__init__(gamma_max)
+        self.p_min = p_min
+
+    def report(self) -> dict[str, Any]:
+        return {"p_min": self.p_min}
+
+
+class CostModel(GammaController):
+    """Maximise expected emitted tokens per ms (`metrics.goodput`) over γ = 0..gamma_max.
+
+    α by position: decayed counts per position with shrinkage toward the previous position's
+    estimate (position 1 toward 1/2), so an unexplored position borrows its neighbour's α and
+    decay slowly re-opens a γ the controller stopped trying. Costs: scoring k+1 tokens costs the
+    profile's ratio (k+1 tokens against one) times the one-token cost, which, with the draft's
+    cost per token and the time outside the models, follows the stream's own step records (EMA)."""
+
+    name = "cost"
+    PRIOR = 2.0        # pseudo-observations behind each position's shrinkage
+    COST_RATE = 0.1    # EMA weight of a new timing measurement
+
+    def __init__(self, gamma_max: int, profile: CostProfile, decay: float) -> None:
+        super().__init__(gamma_max)
+        self.decay = decay
+        self.accepted = [0.0] * gamma_max
+        self.drafted = [0.0] * gamma_max
+        self.ratio = profile.verify_ratio()[: gamma_max + 1]
+        self.one_token_ms = profile.verify_ms[0]
+        self.draft_ms = profile.draft_ms_per_token
+        self.overhead_ms = 0.0
+        self.gamma = self._best()
+
+    def alphas(self) -> list[float]:
+        out, prev = [], 0.5
+        for a, d in zip(self.accepted, self.drafted, strict=True):
+            prev = (a + self.PRIOR * prev) / (d + self.PRIOR)
+            out.append(prev)
+        return out
+
+    def verify_ms(self) -> list[float]:
+        return [r * self.one_token_ms for r in self.ratio]
+
+    def _best(self) -> int:
+        alphas, verify = self.alphas(), self.verify_ms()
+        rates = [metrics.goodput(alphas, k, self.draft_ms, verify, self.overhead_ms) for k in range(self.gamma_max + 1)]
+        return max(range(len(rates)), key=lambda k: (rates[k], -k))
+
+    def _ema(self, old: float, new: float) -> float:
+        return (1 - self.COST_RATE) * old + self.COST_RATE * new
+
+    def observe(self, drafted, accepted, top_probs=(), record=None) -> None:
+        self.accepted = [a * self.decay for a in self.accepted]
+        self.drafted = [d * self.decay for d in self.drafted]
+        for i in range(drafted):
+            self.drafted[i] += 1.0
+            self.accepted[i] += float(accepted > i)
+        if record is not None:
+            if drafted:
+                self.draft_ms = self._ema(self.draft_ms, record.draft_ms / drafted)
+            self.one_token_ms = self._ema(self.one_token_ms, record.forward_target_ms / self.ratio[drafted])
+            self.overhead_ms = self._ema(self.overhead_ms, metrics.iteration_overhead_ms(record))
+        self.gamma = self._best()
+
+    def report(self) -> dict[str, Any]:
+        return {"alpha_by_position_estimate": self.alphas(), "draft_ms_per_token": self.draft_ms,
+                "verify_ms": self.verify_ms(), "overhead_ms": self.overhead_ms}
+
+
+def controller(cfg: GammaConfig, gamma_max: int, profile: CostProfile | None = None) -> GammaController:
+    """A fresh controller for one stream."""
+    if cfg.policy == "hf":
+        return Transformers(gamma_max)
+    if cfg.policy == "ema":
+        return Tiered(gamma_max, cfg.ema_rate)
+    if cfg.policy == "confidence":
+        return Confidence(gamma_max, cfg.p_min)
+    if cfg.policy == "cost":
+        assert profile is not None, "the cost controller needs a CostProfile"
+        return CostModel(gamma_max, profile, cfg.decay)
+    return GammaController(gamma_max)

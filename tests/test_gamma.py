@@ -1,0 +1,203 @@
+"""γ controllers: their γ sequences on hand-made accept patterns, the confidence stop inside the
+draft loop, the cost model's formulas, and greedy losslessness of every controller with every
+drafting method."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from drift_cli import metrics
+from drift_cli.engine.gamma import (CostModel, CostProfile, GammaConfig, Tiered, Transformers, controller,
+                                    profile_costs, tiers)
+from drift_cli.engine.lm import CausalLM
+from drift_cli.engine.loop import DecodeConfig, run_stream
+from drift_cli.engine.sampling import Sampler
+from drift_cli.methods.ar import Autoregressive
+from drift_cli.methods.base import ModelDraftPolicy
+from drift_cli.methods.drift import DriftMethod
+from drift_cli.methods.offline import Offline
+from drift_cli.methods.osd import OnlineDistillation
+from drift_cli.methods.pld import PromptLookup
+from drift_cli.methods.suffix import SuffixDecoding
+from drift_cli.methods.vanilla import Vanilla
+from drift_cli.stream import Prompt, Stream
+from tests.models import tiny_llama, tiny_pair
+
+
+def sequence(ctl, pattern):
+    """γ after each (drafted, accepted) observation."""
+    out = []
+    for drafted, accepted in pattern:
+        ctl.observe(drafted, accepted)
+        out.append(ctl.next_gamma())
+    return out
+
+
+def test_hf_schedule():
+    ctl = Transformers(6)
+    assert ctl.next_gamma() == 6
+    pattern = [(6, 6), (6, 3), (5, 1), (4, 4), (6, 0), (5, 0), (4, 0), (3, 0), (2, 0), (1, 0), (1, 1), (0, 0)]
+    assert sequence(ctl, pattern) == [6, 5, 4, 6, 5, 4, 3, 2, 1, 1, 3, 3]
+
+
+def test_tiers():
+    assert tiers(1) == [1]
+    assert tiers(4) == [1, 2, 4]
+    assert tiers(6) == [1, 2, 4, 6]
+    assert tiers(8) == [1, 2, 4, 8]
+
+
+def test_ema_tiers():
+    ctl = Tiered(8, rate=0.5)
+    assert ctl.next_gamma() == 8
+    pattern = [(8, 8), (8, 0), (8, 0), (4, 0), (2, 0), (2, 0), (1, 1), (2, 2), (2, 2), (0, 0)]
+    # EMA: 8, 4, 2, 1, .5, .25, .625, 1.3125, 1.65625 -> tier >= round(EMA) + 1
+    assert sequence(ctl, pattern) == [8, 8, 4, 2, 2, 1, 2, 2, 4, 4]
+
+
+PROFILE = CostProfile(verify_ms=(10.0, 11.0, 12.0, 13.0, 14.0), draft_ms_per_token=1.0)
+
+
+def test_cost_controller_follows_acceptance():
+    ctl = CostModel(4, PROFILE, decay=0.98)
+    # prior α = 1/2 everywhere: 1/10 at k=0, 1.5/12 = 1.75/14 at k=1, 2 (ties go to the shorter)
+    assert ctl.next_gamma() == 1
+    for _ in range(30):                       # everything accepted: climbs to the cap
+        g = ctl.next_gamma()
+        ctl.observe(g, g)
+    assert ctl.next_gamma() == 4
+    for _ in range(60):                       # everything rejected: stops drafting
+        g = ctl.next_gamma()
+        ctl.observe(g, 0)
+    assert ctl.next_gamma() == 0
+    for _ in range(400):                      # the counts decay back to the prior: drafts again
+        ctl.observe(0, 0)
+        if ctl.next_gamma() > 0:
+            break
+    assert ctl.next_gamma() == 1
+
+
+def test_cost_controller_uses_measured_costs():
+    ctl = CostModel(4, PROFILE, decay=1.0)
+    for _ in range(20):
+        ctl.observe(4, 4)
+    assert ctl.next_gamma() == 4
+    # the same acceptance, but drafting now costs 60 ms a token: a plain target step wins
+    slow = SimpleNamespace(draft_ms=240.0, forward_target_ms=14.0, total_ms=254.0)
+    for _ in range(40):
+        ctl.observe(4, 4, record=slow)
+    assert ctl.next_gamma() == 0
+
+
+def test_goodput_formula():
+    assert metrics.expected_emitted([0.5, 0.5], 2) == pytest.approx(1.75)
+    assert metrics.expected_emitted([1.0, 0.0, 1.0], 3) == pytest.approx(2.0)   # runs, not i.i.d.
+    assert metrics.iteration_ms(3, 2.0, [5, 6, 7, 8], 1.0) == pytest.approx(15.0)
+    assert metrics.goodput([0.5, 0.5], 2, 1.0, [10, 11, 12], 0.0) == pytest.approx(1.75 / 14)
+
+
+def test_predicted_speedup_measured():
+    def rec(drafted, accepted, draft, fwd, total):
+        return SimpleNamespace(drafted=drafted, accepted=accepted, emitted=accepted + 1, draft_ms=draft,
+                               forward_target_ms=fwd, total_ms=total)
+    ar = [rec(0, 0, 0.0, 10.0, 11.0)] * 4
+    steps = [rec(2, 2, 4.0, 12.0, 17.0), rec(2, 0, 4.0, 12.0, 17.0)]
+    # tau = 2 tokens per iteration; modelled iteration = 2*2 + 1.2*10 + 1 = 17 ms; ar 11 ms a token
+    assert metrics.predicted_speedup_measured(steps, ar, [1.0, 1.1, 1.2]) == pytest.approx(2 * 11 / 17)
+    assert metrics.predicted_speedup_measured(steps, ar, None) is None
+    assert metrics.predicted_speedup_measured(steps, ar, [1.0, 1.1]) is None      # k = 2 not profiled
+
+
+def test_gamma_histogram():
+    steps = [SimpleNamespace(gamma=g) for g in (0, 2, 2, 4, 9)]
+    assert metrics.gamma_histogram(steps, 4) == [1, 0, 2, 0, 2]
+
+
+class Peaked(Vanilla):
+    """Certain for the first two positions of every proposal, flat from the third on."""
+
+    def propose(self, context, gamma, sampler):
+        self.position = 0
+        return super().propose(context, gamma, sampler)
+
+    def adjust(self, hidden, logits, sampler):
+        self.position += 1
+        if self.position <= 2:
+            return torch.zeros_like(logits).index_fill_(-1, torch.tensor([3]), 30.0)
+        return torch.zeros_like(logits)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_confidence_stops_inside_the_draft_loop(temperature):
+    draft, _ = tiny_pair()
+    policy = Peaked(draft)
+    prompt = torch.tensor([[1, 2, 3]])
+    policy.begin_prompt(prompt)
+    policy.p_min = 0.5
+    sampler = Sampler(temperature, None, torch.Generator().manual_seed(0))
+    prop = policy.propose(prompt, 4, sampler)
+    assert prop.k == 2 and prop.tokens[0].tolist() == [3, 3]
+    assert prop.top_prob.shape == (1, 2) and float(prop.top_prob.min()) > 0.99
+    policy.p_min = None                               # no controller asking: all four drafted
+    policy.commit(prompt)
+    assert policy.propose(prompt, 4, sampler).k == 4
+
+
+def test_controller_from_config():
+    assert controller(GammaConfig(), 4).next_gamma() == 4
+    assert controller(GammaConfig(policy="confidence", p_min=0.3), 4).p_min == 0.3
+    assert controller(GammaConfig(policy="cost"), 4, PROFILE).name == "cost"
+
+
+def _stream(n=3, vocab=48, max_new=24):
+    g = torch.Generator().manual_seed(5)
+    prompts = [Prompt(tuple(torch.randint(0, vocab, (7,), generator=g).tolist()) * 2, f"d{i}") for i in range(n)]
+    return Stream("unit", "test", prompts, max_new)
+
+
+METHODS = {
+    "vanilla": lambda d, o: Vanilla(d),
+    "drift": lambda d, o: DriftMethod(d),
+    "offline": lambda d, o: Offline(o),
+    "osd": lambda d, o: OnlineDistillation(d),
+    "pld": lambda d, o: PromptLookup(),
+    "suffix": lambda d, o: SuffixDecoding(),
+}
+
+
+@pytest.fixture(scope="module")
+def greedy_setup():
+    draft, target = tiny_pair(scale=4.0)
+    other = tiny_llama(48, 32, 1, seed=9, scale=4.0)
+    lm = CausalLM(target, "target")
+    stream = _stream()
+    base = DecodeConfig(gamma=4, max_new_tokens=24)
+    ar = [g.output_ids for g in run_stream(lm, Autoregressive(), stream, base).generations]
+    profile = profile_costs(lm, CausalLM(draft, "draft"), stream.prompts[0].ids, 4, reps=2)
+    return draft, other, lm, stream, ar, profile
+
+
+@pytest.mark.parametrize("policy", ["fixed", "hf", "ema", "confidence", "cost"])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_controller_is_greedy_lossless(greedy_setup, method, policy):
+    draft, other, lm, stream, ar, profile = greedy_setup
+    cfg = DecodeConfig(gamma=4, max_new_tokens=24, gamma_policy=GammaConfig(policy=policy, p_min=0.3),
+                       cost_profile=profile)
+    run = run_stream(lm, METHODS[method](draft, other), stream, cfg)
+    assert [g.output_ids for g in run.generations] == ar
+    assert all(0 <= s.gamma <= 4 and s.drafted <= s.gamma for s in run.steps)
+    if policy == "fixed":
+        assert {s.gamma for s in run.steps} == {4}
+
+
+def test_profile_costs_measures_every_width_and_resets_the_caches():
+    draft, target = tiny_pair()
+    lm_t, lm_d = CausalLM(target, "target"), CausalLM(draft, "draft")
+    profile = profile_costs(lm_t, lm_d, [1, 2, 3, 4, 5], 3, reps=1)
+    assert len(profile.verify_ms) == 4 and all(v > 0 for v in profile.verify_ms) and profile.draft_ms_per_token > 0
+    assert profile.verify_ratio()[0] == 1.0
+    assert lm_t.cache_len == 0 and lm_d.cache_len == 0
+    assert profile_costs(lm_t, None, [1, 2], 2, reps=1).draft_ms_per_token == 0.0
