@@ -332,3 +332,15 @@ def test_offline_on_policy_reaches_the_zoo(monkeypatch):
     monkeypatch.setattr(Offline, "__init__", lambda self, draft: None)
     Offline.build(ctx)
     assert asked == [("fkl", True)]
+
+
+def test_a_cell_keeps_its_key_from_before_batching_controllers_and_switches(tmp_path):
+    """A golden key, computed by the code before --batch-size, --gamma-policy, --switch-target-*,
+    --shuffle and --offline-on-policy existed: at their defaults those settings stay out of the key,
+    so the cells a suite wrote earlier are still found."""
+    from drift_cli.suite.spec import load_suite
+
+    suite = tmp_path / "s.toml"
+    suite.write_text('version = 1\n[base]\nzoo = "micro"\nmax_prompts = 2\nmax_new_tokens = 8\n'
+                     '[axes.workload]\ncode = { scenario = "code", methods = "vanilla,drift" }\n')
+    assert load_suite(suite).cells[0].key == "614940c4716a"
