@@ -34,9 +34,17 @@ def main() -> None:
         sys.exit(interrupt.exit_code())
     try:
         cli_main()
-    except SystemExit:   # the command is done and has said what it had to say
+    except SystemExit as e:   # the command is done and has said what it had to say
         interrupt.ignore()
         _quiet_teardown()
+        if e.code in interrupt.EXIT_CODES:
+            # An interrupt that passed through code run by the PyRun_* C API (pybind11's exec,
+            # which torch and Triton use) sets CPython's "unhandled KeyboardInterrupt" flag even
+            # though this process caught it, and Py_RunMain then ends the process by SIGINT (-2)
+            # instead of our 130. What the command wrote is written (atomically, fsynced), so
+            # an interrupted command ends here, with its own status.
+            sys.stdout.flush()
+            os._exit(e.code)
         raise
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator, NoReturn
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_CODES = tuple(128 + s for s in SIGNALS)   # 130, 143
 _received: list[int] = []   # the signals received so far, in order
 _dropped: list[int] = []    # signals whose exception Python dropped (raised inside a finaliser)
 
