@@ -152,6 +152,27 @@ def test_bench_target_change_stream(same_pair, zoo_cache, tmp_path, capsys):
     assert run["methods"]["vanilla"]["target_change"]["switch_step"] == first_after
 
 
+def test_gamma_ablation_on_a_target_change_stream(same_pair, zoo_cache, tmp_path, capsys):
+    """`drift ablate --sweep gamma-policy` takes the switch flags: every row is measured on the
+    switched stream, lossless against the ar of the active target, with its window metrics."""
+    draft, target = same_pair
+    code, out, err = run_cli(["ablate", "--sweep", "gamma-policy", "--values", "fixed:2,hf,cost", "--methods",
+                              "vanilla,drift", "--corpus", LICENCES, "--draft", draft, "--target", target,
+                              "--max-prompts", 4, "--max-new-tokens", 12, "--switch-target-after", 2,
+                              "--switch-target", "int8", "--out", tmp_path, "--json"], capsys)
+    assert code == 0, err
+    run = json.loads(out)
+    assert run["config"]["switch_after"] == 2 and run["config"]["switch_target"] == "int8"
+    rows = run["ablation"]["rows"]
+    assert [(r["method"], r["value"]) for r in rows] == [(m, v) for m in ("vanilla", "drift")
+                                                         for v in ("fixed:2", "hf", "cost")]
+    for r in rows:   # (the cost controller may draft nothing before the switch: no alpha there)
+        assert r["target_change"]["switch_prompt"] == 2 and "recovery_steps" in r["target_change"]
+        assert r["value"] != "fixed:2" or r["target_change"]["alpha_before"] is not None
+    for name, m in run["methods"].items():
+        assert name == "ar" or m["ar_match_rate"] == 1.0, name
+
+
 @pytest.mark.parametrize("args,message", [
     (["--switch-target-after", "2"], "give both --switch-target-after N and --switch-target KIND"),
     (["--switch-target-after", "0", "--switch-target", "bf16"], "--switch-target-after must be at least 1"),

@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from drift_cli import knobs
-from drift_cli.commands.options import ablate_options, decode_options, model_options
+from drift_cli.commands.options import ablate_options, decode_options, model_options, switch_options
 from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
 from drift_cli import interrupt
 from drift_cli.errors import BadInput
@@ -161,7 +161,7 @@ def ablation_row(value, m: dict | None, skipped: str | None) -> dict:
     return {"value": value, **{k: m.get(k) for k in ("acceptance_rate", "mean_accepted_length", "speedup",
                                                       "speedup_ci95", "overhead_pct", "convergence_steps")},
             "predicted_speedup_measured": m.get("predicted_speedup_measured"),
-            "gamma_histogram": m.get("gamma_histogram"),
+            "gamma_histogram": m.get("gamma_histogram"), "target_change": m.get("target_change"),
             "memory_bytes": report.get("memory_bytes"), "prototypes": report.get("prototypes")}
 
 
@@ -203,8 +203,10 @@ def ablation_table(run: dict):
                     f"{_f(ab.get('vanilla_acceptance_rate'))}, speedup {_f(ab.get('vanilla_speedup'), '{:.2f}')}",
               title_justify="left")
     by_method = "methods" in ab
+    switched = any(r.get("target_change") for r in ab["rows"])   # a target-change stream
     cols = (("method",) if by_method else ()) + ("value", "α", "τ", "speedup", "95% CI", "pred. (measured)",
-                                                 "overhead %", "conv. steps", "prototypes", "memory MiB")
+                                                 "overhead %", "conv. steps") + \
+        (("α drop", "recovery steps") if switched else ()) + ("prototypes", "memory MiB")
     for col in cols:
         t.add_column(col, justify="right")
     for r in ab["rows"]:
@@ -212,11 +214,13 @@ def ablation_table(run: dict):
         if "skipped" in r:
             t.add_row(*head, str(r["value"]), f"skipped: {r['skipped']}", *[""] * (len(cols) - len(head) - 2))
             continue
-        mem, ci = r.get("memory_bytes"), r.get("speedup_ci95")
+        mem, ci, tc = r.get("memory_bytes"), r.get("speedup_ci95"), r.get("target_change") or {}
         t.add_row(*head, str(r["value"]), _f(r["acceptance_rate"]), _f(r["mean_accepted_length"], "{:.2f}"),
                   _f(r["speedup"], "{:.2f}"), "–" if not ci else f"{ci[0]:.2f}–{ci[1]:.2f}",
                   _f(r.get("predicted_speedup_measured"), "{:.2f}"), _f(r["overhead_pct"], "{:.2f}"),
-                  _f(r["convergence_steps"], "{}"), _f(r.get("prototypes"), "{}"),
+                  _f(r["convergence_steps"], "{}"),
+                  *((_f(tc.get("alpha_drop")), _f(tc.get("recovery_steps"), "{}")) if switched else ()),
+                  _f(r.get("prototypes"), "{}"),
                   _f(None if mem is None else mem / 2**20, "{:.2f}"))
     return t
 
@@ -250,6 +254,7 @@ def bench_config(scenario, corpus, methods: str, opts: dict):
               help="gamma-policy axis: the methods run at every γ policy")
 @click.option("--scenario", default=None, help="scenario name (default jargon)")
 @click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL")
+@switch_options
 @model_options
 @decode_options
 @ablate_options

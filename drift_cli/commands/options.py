@@ -115,6 +115,15 @@ def bench_options(fn):
                      help="comma-separated batch sizes: the batch-size curve (every method at each size)"),
         click.option("--shuffle", type=int, default=0, show_default=True,
                      help="stream shuffle N: another draw of the split's documents (0 = the scenario's stream)"),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return switch_options(model_options(decode_options(method_options(fn))))
+
+
+def switch_options(fn):
+    """A target-change stream (`drift bench`, `drift ablate`)."""
+    opts = [
         click.option("--switch-target-after", "switch_after", type=int, default=None,
                      help="a target-change stream: prompts N, N+1, ... are verified by the changed target"),
         click.option("--switch-target", "switch_target", default=None,
@@ -122,7 +131,7 @@ def bench_options(fn):
     ]
     for o in reversed(opts):
         fn = o(fn)
-    return model_options(decode_options(method_options(fn)))
+    return fn
 
 
 def bench_params() -> dict[str, click.Parameter]:
