@@ -99,6 +99,7 @@ def test_ablate_gamma_policy_runs_each_method_at_each_policy(pair, tmp_path, cap
     (["bench", "--gain", "inf"], "Invalid value for '--gain': must be >= 0 and finite, got inf"),
     (["bench", "--osd-interval", "2.5"], "--osd-interval': must be a whole number >= 1 or inf, got 2.5"),
     (["analyze", "residuals", "--max-residuals", "1"], "--max-residuals must be at least 2"),
+    (["bench", "--residuals", "-1"], "Invalid value for '--residuals': must be >= 0, got -1"),
 ])
 def test_bad_input(args, message, capsys):
     code, _, err = run_cli(args, capsys)
@@ -119,6 +120,26 @@ def test_analyze_residuals(pair, tmp_path, capsys):
     assert set(run["analysis"]["acceptance_by_entropy"]) == {"vanilla", "drift"}
     run_dir = tmp_path / run["scenario"] / run["run_id"]
     assert (run_dir / "residuals.png").stat().st_size > 0 and (run_dir / "entropy.png").stat().st_size > 0
+
+
+def test_bench_records_the_same_residual_spectrum_as_analyze(pair, tmp_path, capsys):
+    """`bench --residuals N` (what a suite cell runs) and `analyze residuals --max-residuals N`
+    keep the same residuals on the same stream: the same spectrum, in vanilla's report; the cap holds."""
+    code, out, err = run_cli(["analyze", "residuals", "--no-drift", "--max-residuals", "12", "--json",
+                              *common(pair, tmp_path)], capsys)
+    assert code == 0, err
+    analysed = json.loads(out)["analysis"]["spectrum"]
+    code, out, err = run_cli(["bench", "--methods", "vanilla", "--no-control", "--residuals", "12", "--json",
+                              *common(pair, tmp_path / "bench")], capsys)
+    assert code == 0, err
+    benched = json.loads(out)["methods"]["vanilla"]["report"]["residual_spectrum"]
+    assert benched["residuals"] == analysed["residuals"] == 12
+    for name in ("uncentred", "centred"):
+        assert benched[name]["singular_values"] == pytest.approx(analysed[name]["singular_values"], rel=1e-9)
+    code, out, err = run_cli(["bench", "--methods", "vanilla", "--no-control", "--json", *common(pair, tmp_path / "off")],
+                             capsys)
+    assert code == 0, err
+    assert "residual_spectrum" not in json.loads(out)["methods"]["vanilla"]["report"]   # off by default
 
 
 @pytest.mark.parametrize("args", [["ablate", "--sweep", "lambda", "--values", "0,0.6"], ["analyze", "residuals"]])

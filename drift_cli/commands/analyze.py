@@ -1,10 +1,9 @@
 """`drift analyze residuals`: is the draft's error under shift systematic and low rank?
 
-Runs `vanilla` (the static draft) on a stream and, at every rejected position (the first
-rejection of each iteration), records the residual r = log p - log q between the target's and
-the draft's distributions (temperature 1) over the whole vocabulary. The stacked residuals
-[R, V] are decomposed (singular values, uncentred and centred); the report gives the share of
-energy (Σσ²) captured by the top 16 directions and the effective rank. With `--with-drift`
+Runs `vanilla` (the static draft) on a stream with its residual recorder on
+(`drift_cli.residuals`: at every rejected position, r = log p - log q over the whole vocabulary,
+stacked and decomposed, uncentred and centred); the report gives the share of energy (Σσ²)
+captured by the top 16 directions and the effective rank. With `--with-drift`
 (default) `drift` runs too, and acceptance is bucketed by the target's entropy for both
 methods: where DRIFT helps and where not. Saved like a bench run, plus `residuals.png` and
 `entropy.png`.
@@ -12,62 +11,17 @@ methods: where DRIFT helps and where not. Saved like a bench run, plus `residual
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import click
-import torch
 
 from drift_cli.commands.options import decode_options, drift_options, model_options
 from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
 from drift_cli import interrupt
 from drift_cli.errors import BadInput
-from drift_cli.methods.base import Feedback
 from drift_cli.methods.drift import DriftMethod
 from drift_cli.methods.vanilla import Vanilla
-
-TOP = 16            # the DRIFT post's "top 16 directions"
-CURVE = 64          # singular values kept in run.json
-
-
-class ResidualProbe(Vanilla):
-    """vanilla that keeps log p - log q at the first rejected position of each iteration."""
-
-    def __init__(self, draft: torch.nn.Module, limit: int) -> None:
-        super().__init__(draft)
-        self.limit = limit
-        self.rows: list[torch.Tensor] = []
-
-    @torch.inference_mode()
-    def observe(self, feedback: Feedback) -> None:
-        k, a = feedback.proposal.k, int(feedback.accepted[0])
-        if k == 0 or a >= k or len(self.rows) >= self.limit or feedback.proposal.base_logits is None:
-            return
-        logp = torch.log_softmax(feedback.target_logits[0, a].float(), dim=-1)
-        logq = torch.log_softmax(feedback.proposal.base_logits[0, a].float(), dim=-1)
-        self.rows.append((logp - logq).clamp(-30.0, 30.0).cpu())   # clip -inf from zero-mass tokens
-
-
-def spectrum(rows: list[torch.Tensor], top: int = TOP) -> dict:
-    """Singular-value statistics of the stacked residuals [R, V]."""
-    if len(rows) < 2:
-        raise BadInput(f"only {len(rows)} rejected positions: too few for a spectrum (use more prompts)")
-    r = torch.stack(rows).double()
-    out = {"residuals": r.shape[0], "vocab": r.shape[1]}
-    for name, mat in (("uncentred", r), ("centred", r - r.mean(dim=0, keepdim=True))):
-        s = torch.linalg.svdvals(mat)
-        energy = s.pow(2)
-        share = energy / energy.sum()
-        probs = share[share > 0]
-        out[name] = {
-            f"energy_top{top}": float(share[:top].sum()),
-            "effective_rank": float(math.exp(float(-(probs * probs.log()).sum()))),
-            "cumulative_energy": share.cumsum(0)[:CURVE].tolist(),
-            "singular_values": s[:CURVE].tolist(),
-        }
-    # reference: a Gaussian matrix of the same shape spreads energy evenly (top-16 share ~ 16 / min(R, V))
-    out[f"isotropic_energy_top{top}"] = min(1.0, top / min(r.shape))
-    return out
+from drift_cli.residuals import TOP, spectrum
 
 
 def run_analysis(cfg, limit: int, with_drift: bool, progress=None) -> tuple[dict, list[dict]]:
@@ -77,7 +31,7 @@ def run_analysis(cfg, limit: int, with_drift: bool, progress=None) -> tuple[dict
     scenario = bench.resolve_scenario(cfg)           # a bad name fails before any model loads
     models = bench.load_models(cfg, progress)
     stream = bench.load_stream(cfg, models.pair.tokenizer, scenario)
-    probe = ResidualProbe(models.pair.draft, limit)
+    probe = Vanilla(models.pair.draft, residuals=limit)
     entries = [bench.Entry("vanilla", lambda ctx: probe)]
     if with_drift:
         entries.append(bench.Entry("drift", DriftMethod.build))
@@ -86,7 +40,7 @@ def run_analysis(cfg, limit: int, with_drift: bool, progress=None) -> tuple[dict
                          {name: metrics.method_metrics(r, cfg.gamma, None, greedy=cfg.temperature == 0.0)
                           for name, r in runs.items()}, max_residuals=limit)
     run["analysis"] = {
-        "spectrum": spectrum(probe.rows),
+        "spectrum": spectrum(probe.recorder.rows),
         "acceptance_by_entropy": {name: metrics.acceptance_by_entropy(r.steps) for name, r in runs.items()},
         "acceptance_rate": {name: metrics.acceptance_rate(r.steps) for name, r in runs.items()},
     }
