@@ -162,14 +162,18 @@ def iteration_overhead_ms(step) -> float:
     return max(0.0, step.total_ms - step.draft_ms - step.forward_target_ms)
 
 
-def predicted_speedup_measured(steps, ar_steps, verify_ratio: Sequence[float] | None) -> float | None:
-    """Speedup from the cost model (`iteration_ms`) with measured inputs: the measured tokens per
-    iteration (tau, EOS and budget cuts included) over the modelled iteration time, against ar's
-    measured time per token. Scoring k+1 tokens costs verify_ratio[k] (the profile's cost of k+1
-    tokens against one) times ar's measured one-token forward; the draft's cost per drafted token
-    and the time outside the models are this run's own (draft time that drafted nothing, such as
-    a confidence stop's last forward, counts as time outside the drafted tokens)."""
-    if not steps or not ar_steps or verify_ratio is None:
+def predicted_speedup_measured(generations, ar_generations, verify_ratio: Sequence[float] | None) -> float | None:
+    """The measured speedup (`paired_speedup`: the mean over prompts of each prompt's throughput
+    against ar's on the same prompt) with every iteration's measured time replaced by the cost
+    model's (`iteration_ms`), so that the two differ only where the model does. The model's
+    inputs are measured, pooled over the stream: scoring k+1 tokens costs verify_ratio[k] (the
+    profile's cost of k+1 tokens against one) times ar's mean one-token forward; the draft's cost
+    per drafted token and the time outside the models per iteration are this run's own (draft
+    time that drafted nothing, such as a confidence stop's last forward, counts as time outside
+    the drafted tokens)."""
+    steps = [s for g in generations for s in g.steps]
+    ar_steps = [s for g in ar_generations for s in g.steps]
+    if not steps or not ar_steps or verify_ratio is None or len(generations) != len(ar_generations):
         return None
     if max(s.drafted for s in steps) >= len(verify_ratio):
         return None
@@ -178,10 +182,13 @@ def predicted_speedup_measured(steps, ar_steps, verify_ratio: Sequence[float] | 
     t_one = _sum(ar_steps, "forward_target_ms") / len(ar_steps)
     verify_ms = [r * t_one for r in verify_ratio]
     overhead = (_sum(steps, "total_ms") - _sum(steps, "forward_target_ms") - t_draft * drafted) / len(steps)
-    modelled = float(np.mean([iteration_ms(s.drafted, t_draft, verify_ms, overhead) for s in steps]))
-    tau = _sum(steps, "emitted") / len(steps)
-    ar_ms = _sum(ar_steps, "total_ms") / _sum(ar_steps, "emitted")
-    return tau * ar_ms / modelled if modelled else None
+    ratios = []
+    for g, a in zip(generations, ar_generations, strict=True):
+        modelled = sum(iteration_ms(s.drafted, t_draft, verify_ms, overhead) for s in g.steps)
+        ar_ms = sum(s.total_ms for s in a.steps)
+        if modelled > 0 and ar_ms > 0 and a.output_ids:
+            ratios.append((len(g.output_ids) / modelled) / (len(a.output_ids) / ar_ms))
+    return float(np.mean(ratios)) if ratios else None
 
 
 def gamma_histogram(steps, gamma: int) -> list[int]:
@@ -424,8 +431,8 @@ def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True, verify_rat
         "harness_overhead_pct": harness_overhead_pct(steps),
         "cost_ratio": c,
         "predicted_speedup": predicted_speedup(alpha, gamma, c) if run.method != "ar" else 1.0,
-        "predicted_speedup_measured": (predicted_speedup_measured(steps, ar_steps, verify_ratio)
-                                       if run.method != "ar" else 1.0),
+        "predicted_speedup_measured": 1.0 if run.method == "ar" else (
+            predicted_speedup_measured(run.generations, ar_run.generations, verify_ratio) if ar_run else None),
         "gamma_histogram": gamma_histogram(steps, gamma),
         "alpha_curve": curve,
         "convergence_steps": convergence_steps(curve),

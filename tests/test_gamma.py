@@ -103,12 +103,23 @@ def test_predicted_speedup_measured():
     def rec(drafted, accepted, draft, fwd, total):
         return SimpleNamespace(drafted=drafted, accepted=accepted, emitted=accepted + 1, draft_ms=draft,
                                forward_target_ms=fwd, total_ms=total)
-    ar = [rec(0, 0, 0.0, 10.0, 11.0)] * 4
-    steps = [rec(2, 2, 4.0, 12.0, 17.0), rec(2, 0, 4.0, 12.0, 17.0)]
-    # tau = 2 tokens per iteration; modelled iteration = 2*2 + 1.2*10 + 1 = 17 ms; ar 11 ms a token
-    assert metrics.predicted_speedup_measured(steps, ar, [1.0, 1.1, 1.2]) == pytest.approx(2 * 11 / 17)
-    assert metrics.predicted_speedup_measured(steps, ar, None) is None
-    assert metrics.predicted_speedup_measured(steps, ar, [1.0, 1.1]) is None      # k = 2 not profiled
+
+    def gen(steps, tokens):
+        return SimpleNamespace(steps=steps, output_ids=[0] * tokens)
+
+    ar = [gen([rec(0, 0, 0.0, 10.0, 11.0)] * 4, 4)]
+    one = [gen([rec(2, 2, 4.0, 12.0, 17.0), rec(2, 0, 4.0, 12.0, 17.0)], 4)]
+    # 4 tokens in 2 iterations; modelled iteration = 2*2 + 1.2*10 + 1 = 17 ms; ar 11 ms a token
+    assert metrics.predicted_speedup_measured(one, ar, [1.0, 1.1, 1.2]) == pytest.approx(4 / 34 / (4 / 44))
+    assert metrics.predicted_speedup_measured(one, ar, None) is None
+    assert metrics.predicted_speedup_measured(one, ar, [1.0, 1.1]) is None      # k = 2 not profiled
+    assert metrics.predicted_speedup_measured(one, ar * 2, [1.0, 1.1, 1.2]) is None   # prompts must pair
+    # two prompts: the mean of per-prompt ratios, as `speedup` is (not tokens over time pooled)
+    two = one + [gen([rec(2, 0, 4.0, 12.0, 17.0)] * 3, 3)]
+    ar2 = ar + [gen([rec(0, 0, 0.0, 10.0, 11.0)] * 3, 3)]
+    got = metrics.predicted_speedup_measured(two, ar2, [1.0, 1.1, 1.2])
+    assert got == pytest.approx(((4 / 34) / (4 / 44) + (3 / 51) / (3 / 33)) / 2)
+    assert got != pytest.approx((7 / 85) / (7 / 77))
 
 
 def test_gamma_histogram():
