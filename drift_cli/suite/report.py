@@ -109,8 +109,9 @@ def pinning(manifest: dict) -> str:
     many = "Ray tasks each holding that many CPUs" if ex == "ray" else f"at most {jobs} cells at once"
     plural = "" if threads == [1] else "s"
     return (f"Thread pinning: every cell ran with {'/'.join(map(str, threads))} torch CPU thread{plural} (the `threads` "
-            f"setting), {many}, on a machine with {os.cpu_count()} cores, so cells running together do not "
-            f"oversubscribe the cores. Last run: executor `{ex}`, `--jobs {jobs}`.")
+            f"setting). The last run (`suite.json`): executor `{ex}`, `--jobs {jobs}`, {many}, on a machine with "
+            f"{os.cpu_count()} cores; a suite's cells may come from several runs, and nothing here records what ran "
+            f"beside an earlier one.")
 
 
 def write_report(suite: Suite, root: Path, out: Path) -> Path:
