@@ -38,6 +38,7 @@ class BenchConfig:
     corpus: str | None = None
     methods: str = "all"
     zoo: str = "small"
+    draft_layers: int | None = None   # a pretrained preset's draft cut from this many target layers (its -dN variant)
     draft: str | None = None
     target: str | None = None
     split: str = "test"
@@ -87,10 +88,22 @@ class BenchConfig:
             raise BadInput(f"--threads must be at least 1 (got {self.threads})")
         if (self.draft is None) != (self.target is None):
             raise BadInput("give both --draft and --target, or neither (then --zoo is used)")
+        if self.draft is not None and self.draft_layers is not None:
+            raise BadInput("--draft-layers picks a zoo draft: it does not apply with --draft/--target")
+        self.zoo_name()
         parse_device(self.device_name)
         self.target_change()
         check_bank_options(self)
         self.configs()
+
+    def zoo_name(self) -> str:
+        """The zoo preset the run uses: --zoo, or its draft-size variant for --draft-layers."""
+        from drift_cli.zoo.presets import draft_variant
+
+        try:
+            return draft_variant(self.zoo, self.draft_layers)
+        except ValueError as e:
+            raise BadInput(str(e)) from None
 
     def target_change(self):
         """The parsed --switch-target (None without one); BadInput on a bad pair of flags."""
@@ -214,8 +227,9 @@ def load_models(cfg: BenchConfig, progress: Progress | None = None) -> Models:
     else:
         from drift_cli.zoo import ensure_zoo
 
-        zp = ensure_zoo(cfg.zoo, progress=progress)
-        models, target_path = Models(load_pair(zp.draft, zp.target, cfg.device_name, cfg.dtype), cfg.zoo), zp.target
+        zoo = cfg.zoo_name()
+        zp = ensure_zoo(zoo, progress=progress)
+        models, target_path = Models(load_pair(zp.draft, zp.target, cfg.device_name, cfg.dtype), zoo), zp.target
     change = cfg.target_change()
     if change is not None:
         from drift_cli.zoo.target_change import ensure_changed_target
@@ -252,7 +266,9 @@ def check_preset(cfg: BenchConfig) -> None:
         from drift_cli.registry import unknown
         from drift_cli.zoo import preset_names
 
-        if cfg.zoo not in preset_names():
+        from drift_cli.zoo.presets import pretrained_preset
+
+        if cfg.zoo not in preset_names() and pretrained_preset(cfg.zoo) is None:
             raise unknown("preset", cfg.zoo, preset_names())
 
 

@@ -32,7 +32,8 @@ def cli() -> None:
 
 @cli.command()
 @bench_options
-def bench(scenario, corpus, methods, no_control, batch_sizes, shuffle, switch_after, switch_target, zoo, draft, target,
+def bench(scenario, corpus, methods, no_control, batch_sizes, shuffle, switch_after, switch_target, zoo, draft_layers,
+          draft, target,
           device, dtype, threads, split, max_prompts, max_new_tokens, gamma, batch_size, temperature, top_p, seed, out,
           as_json, **method_opts) -> None:
     """Run methods on one prompt stream and compare them."""
@@ -42,7 +43,8 @@ def bench(scenario, corpus, methods, no_control, batch_sizes, shuffle, switch_af
 
     if scenario is None and corpus is None:
         scenario = "jargon"
-    cfg = BenchConfig(scenario=scenario, corpus=corpus, methods=methods, zoo=zoo, draft=draft, target=target,
+    cfg = BenchConfig(scenario=scenario, corpus=corpus, methods=methods, zoo=zoo, draft_layers=draft_layers,
+                      draft=draft, target=target,
                       split=split, max_prompts=max_prompts, max_new_tokens=max_new_tokens, shuffle=shuffle,
                       gamma=gamma, batch_size=batch_size, temperature=temperature, top_p=top_p, seed=seed,
                       device=device, dtype=dtype, threads=threads, out=out, control=not no_control,

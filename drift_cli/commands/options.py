@@ -74,6 +74,9 @@ def drift_options(fn):
 def model_options(fn):
     opts = [
         click.option("--zoo", "zoo", default="small", show_default=True, help="built-in model zoo preset"),
+        click.option("--draft-layers", "draft_layers", type=int, default=None,
+                     help="pretrained presets: a draft cut from this many of the target's layers instead of the "
+                          "preset's (the zoo PRESET-dN, built and cached on first use)"),
         click.option("--draft", type=str, default=None, help="draft checkpoint (local Hugging Face dir)"),
         click.option("--target", type=str, default=None, help="target checkpoint (local Hugging Face dir)"),
         click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:1, or auto"),

@@ -18,7 +18,8 @@ def zoo() -> None:
 
 
 @zoo.command("build")
-@click.option("--preset", default="small", show_default=True, help="micro | small | large | smollm")
+@click.option("--preset", default="small", show_default=True,
+              help="micro | small | large | smollm (smollm-dN: its draft cut from N target layers)")
 @click.option("--offline", "offline_scenarios", multiple=True, metavar="SCENARIO",
               help="Also distil an offline draft for this scenario (repeatable).")
 @click.option("--divergence", type=click.Choice(DIVERGENCES), default="fkl", show_default=True,

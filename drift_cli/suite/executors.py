@@ -57,17 +57,20 @@ def build_plan(cells: list[Cell]) -> dict[str, list]:
     from drift_cli.bench import CONTROL_SCENARIO
     from drift_cli.methods import resolve_methods
 
+    from drift_cli.zoo.presets import draft_variant
+
     zoos, scenarios, offline = set(), set(), set()
     for c in cells:
         s = c.settings
+        zoo = draft_variant(s["zoo"], s.get("draft_layers"))   # validated with the cell (validate_cell)
         if s["corpus"] is None:
             scenarios.add(s["scenario"])
             if s["control"]:
                 scenarios.add(CONTROL_SCENARIO)
         if s["draft"] is None:
-            zoos.add(s["zoo"])
+            zoos.add(zoo)
             if s["corpus"] is None and "offline" in resolve_methods(s["methods"]) and not s["options"].get("offline_draft"):
-                offline.add((s["zoo"], s["scenario"], s["options"].get("divergence") or "fkl",
+                offline.add((zoo, s["scenario"], s["options"].get("divergence") or "fkl",
                              bool(s["options"].get("offline_on_policy"))))
     return {"zoos": sorted(zoos), "scenarios": sorted(scenarios), "offline": sorted(offline)}
 

@@ -23,7 +23,7 @@ from drift_cli.registry import unknown
 from drift_cli.zoo import cache
 from drift_cli.zoo.distill import distill
 from drift_cli.zoo.models import llama_config, new_model, parameter_count, per_token_flops, weights_sha256
-from drift_cli.zoo.presets import PRESETS, PRETRAINED, ModelShape, TrainRecipe, ZooPreset
+from drift_cli.zoo.presets import PRESETS, PRETRAINED, ModelShape, TrainRecipe, ZooPreset, pretrained_preset
 from drift_cli.zoo.tokenizer import budgeted, encode_documents, load_tokenizer, train_tokenizer
 from drift_cli.zoo.training import (DomainSampler, Progress, cpu_threads, next_token_loss, run_steps,
                                     training_device, windows)
@@ -211,10 +211,10 @@ def _is_built(root: Path, root_hash: str, recipes: dict) -> bool:
 
 def ensure_zoo(preset: str = "small", progress: Progress | None = None) -> ZooPair:
     """The zoo for `preset`, built (or completed) if missing; a no-op when the recipe is unchanged."""
-    if preset in PRETRAINED:
+    if (pretrained := pretrained_preset(preset)) is not None:
         from drift_cli.zoo.pretrained import ensure_pretrained_zoo
 
-        return ZooPair(**vars(ensure_pretrained_zoo(PRETRAINED[preset], progress)))
+        return ZooPair(**vars(ensure_pretrained_zoo(pretrained, progress)))
     p = get_preset(preset)
     target_docs, draft_docs = _training_documents()
     recipes = base_recipes(p, cache.documents_hash(target_docs), cache.documents_hash(draft_docs))
@@ -251,10 +251,10 @@ def ensure_offline_draft(preset: str, scenario: str, divergence: str = "fkl", on
     """The base draft distilled from the target on `scenario`'s train split; cached."""
     if divergence not in DIVERGENCES:
         raise unknown("divergence", divergence, DIVERGENCES)
-    if preset in PRETRAINED:
+    if (pretrained := pretrained_preset(preset)) is not None:
         from drift_cli.zoo.pretrained import ensure_pretrained_offline
 
-        return ensure_pretrained_offline(PRETRAINED[preset], scenario, divergence, on_policy, progress)
+        return ensure_pretrained_offline(pretrained, scenario, divergence, on_policy, progress)
     from drift_cli.scenarios import documents
 
     pair = ensure_zoo(preset, progress)
@@ -301,10 +301,10 @@ def _distill_offline(p: ZooPreset, pair: ZooPair, docs, kind: str, on_policy: bo
 
 def zoo_status(preset: str) -> dict:
     """What is built for `preset`: the current recipe's root and every cached build."""
-    if preset in PRETRAINED:
+    if (pretrained := pretrained_preset(preset)) is not None:
         from drift_cli.zoo.pretrained import pretrained_status
 
-        return pretrained_status(PRETRAINED[preset])
+        return pretrained_status(pretrained)
     p = get_preset(preset)
     target_docs, draft_docs = _training_documents()
     recipes = base_recipes(p, cache.documents_hash(target_docs), cache.documents_hash(draft_docs))

@@ -197,9 +197,43 @@ PRETRAINED: dict[str, PretrainedPreset] = {
 }
 
 
+DRAFT_VARIANT = "-d"     # "smollm-d4": the smollm preset with a draft of the target's first 4 layers
+
+
+def pretrained_preset(name: str | None) -> PretrainedPreset | None:
+    """The pretrained preset `name` names, its draft-size variants included ("smollm-d4": the same
+    target, a draft cut from its first 4 layers and distilled with the same recipe; a build of its
+    own, cached under its own name); None for the toy presets and unknown names."""
+    if name is None:
+        return None
+    if name in PRETRAINED:
+        return PRETRAINED[name]
+    base, sep, layers = name.rpartition(DRAFT_VARIANT)
+    if sep and base in PRETRAINED and layers.isdigit() and int(layers) >= 1 and str(int(layers)) == layers:
+        p = PRETRAINED[base]
+        return replace(p, name=name, draft=replace(p.draft, layers=int(layers)))
+    return None
+
+
+def draft_variant(preset: str, draft_layers: int | None) -> str:
+    """The zoo a run uses for `--zoo preset --draft-layers N`: the preset itself (N not given, or
+    the preset's own draft size) or its variant "preset-dN". ValueError (with the reason) when N
+    does not apply: the toy zoos train their own draft together with their target."""
+    if draft_layers is None:
+        return preset
+    p = PRETRAINED.get(preset)
+    if p is None:
+        raise ValueError(f"--draft-layers applies to the pretrained presets ({', '.join(PRETRAINED)}); "
+                         f"the '{preset}' zoo trains its own draft")
+    if draft_layers < 1:
+        raise ValueError(f"--draft-layers must be at least 1 (got {draft_layers})")
+    return preset if draft_layers == p.draft.layers else f"{preset}{DRAFT_VARIANT}{draft_layers}"
+
+
 def method_defaults(preset: str | None) -> dict:
     """Method option defaults that a preset sets (option name -> value); empty for the others."""
-    return dict(PRETRAINED[preset].method_defaults) if preset in PRETRAINED else {}
+    p = pretrained_preset(preset)
+    return dict(p.method_defaults) if p is not None else {}
 
 
 def with_overrides(preset: ZooPreset, **fields) -> ZooPreset:

@@ -374,6 +374,9 @@ def ensure_pretrained_zoo(p: PretrainedPreset, progress: Progress | None = None)
     with cache.build_lock(p.name), cpu_threads():
         if not cache.component_matches(pair.draft, recipe["hash"]):
             target, tok = _load(target_dir), AutoTokenizer.from_pretrained(str(target_dir))
+            if p.draft.layers >= target.config.num_hidden_layers:
+                raise BadInput(f"zoo '{p.name}': a draft of {p.draft.layers} layers is not smaller than its "
+                               f"{target.config.num_hidden_layers}-layer target")
             _build(pair.draft, recipe, lambda out: _train_draft(
                 p, target, tok, None, docs, p.draft_train, "fkl", False, out, progress, "draft"))
             cache.write_json_atomic(root / "manifest.json", {
