@@ -171,8 +171,21 @@ def measure(cfg: RegressConfig, models: Models, stream: Stream, progress: Progre
 
 
 def describe_models(models: Models) -> dict[str, Any]:
-    return {"draft": models.pair.draft_info.to_json(), "target": models.pair.target_info.to_json(),
-            "zoo": models.zoo_preset}
+    """Each checkpoint's path, fingerprint and size, plus the zoo recipe it was built from (the
+    hash in its recipe.json; None for a checkpoint not built by the zoo)."""
+    out: dict[str, Any] = {"zoo": models.zoo_preset}
+    for role, info in (("draft", models.pair.draft_info), ("target", models.pair.target_info)):
+        recipe = read_json_object(Path(info.path) / "recipe.json")
+        out[role] = info.to_json() | {"recipe": recipe.get("hash") if recipe else None}
+    return out
+
+
+def read_json_object(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def method_configs(names: list[str]) -> dict[str, Any]:
@@ -216,8 +229,17 @@ def pin(cfg: RegressConfig, progress: Progress | None = None) -> dict[str, Any]:
 
 
 def write_baseline(path: Path, baseline: dict) -> Path:
-    atomic_write_json(Path(path), baseline)
-    return Path(path)
+    """Write the baseline; a checkpoint that lies beside it (pinned files, such as the committed
+    micro pair in results/baselines/micro/) is recorded by a path relative to the baseline's
+    directory, so the baseline and its files move together (a clone elsewhere, CI)."""
+    path = Path(path)
+    doc = json.loads(json.dumps(baseline))
+    for role in ("draft", "target"):
+        recorded = Path(doc["pair"][role]["path"]).resolve()
+        if recorded.is_relative_to(path.parent.resolve()):
+            doc["pair"][role]["path"] = str(recorded.relative_to(path.parent.resolve()))
+    atomic_write_json(path, doc)
+    return path
 
 
 # ---- check -------------------------------------------------------------------------------------
@@ -251,6 +273,10 @@ def load_baseline(path: Path) -> dict:
     for name, m in doc["methods"].items():
         if not 0 <= m["acceptance_rate"] <= 1:
             raise BadInput(f"baseline {p}: acceptance_rate of {name} is {m['acceptance_rate']}, not in [0, 1]")
+    for role in ("draft", "target"):      # pinned files beside the baseline: relative to its directory
+        entry = doc["pair"].get(role)
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str) and not Path(entry["path"]).is_absolute():
+            entry["path"] = str((p.parent / entry["path"]).resolve())
     return doc
 
 
@@ -331,6 +357,31 @@ def fingerprint_changes(doc: dict, now: dict) -> dict[str, tuple[str, str]]:
     return out
 
 
+def rebuilt_roles(doc: dict, now: dict) -> list[str]:
+    """The checkpoints whose files differ but that were built from the pinned zoo recipe: a
+    rebuild (on another CPU the same recipe gives other weights), not a checkpoint change."""
+    changed = fingerprint_changes(doc, now)
+    return [role for role in changed
+            if now[role].get("recipe") and now[role].get("recipe") == doc["pair"][role].get("recipe")]
+
+
+def pair_change(doc: dict, now: dict, machine_now: dict) -> str:
+    """What differs from the pinned pair: "none", "hardware" (the same files on another machine),
+    "rebuild" (the pinned recipe rebuilt with other weights) or "checkpoint" (other files)."""
+    changed, rebuilt = fingerprint_changes(doc, now), rebuilt_roles(doc, now)
+    if set(changed) - set(rebuilt):
+        return "checkpoint"
+    if rebuilt:
+        return "rebuild"
+    return "hardware" if machine_differences(doc, machine_now) else "none"
+
+
+def machine_differences(doc: dict, machine_now: dict) -> list[str]:
+    from drift_cli import machine
+
+    return machine.differences((doc.get("env") or {}).get("machine"), machine_now)
+
+
 def _fp(x: str | None) -> str:
     return (x or "?")[:12]
 
@@ -340,15 +391,31 @@ def pair_name(now: dict) -> str:
     return f"{label} (draft {now['draft']['path']}, target {now['target']['path']})"
 
 
-def fingerprint_sentence(doc: dict, now: dict) -> str:
-    changed = fingerprint_changes(doc, now)
+def fingerprint_sentence(doc: dict, now: dict, machine_now: dict) -> str:
+    """What the check compared: the same files (here or on other hardware), a rebuild of the
+    pinned recipe, or a changed checkpoint."""
+    changed, rebuilt = fingerprint_changes(doc, now), rebuilt_roles(doc, now)
+    hardware = machine_differences(doc, machine_now)
+    on_hardware = f" on other hardware ({'; '.join(hardware)})" if hardware else ""
     if not changed:
+        if hardware:
+            return (f"The same checkpoint files (draft {_fp(now['draft']['fingerprint'])}, target "
+                    f"{_fp(now['target']['fingerprint'])}){on_hardware}: acceptance compared within the tolerance.")
         return (f"Checkpoints unchanged: draft {_fp(now['draft']['fingerprint'])}, "
                 f"target {_fp(now['target']['fingerprint'])} match the baseline.")
-    parts = [f"{role} fingerprint changed {_fp(o)} -> {_fp(n)}" for role, (o, n) in changed.items()]
-    same = [r for r in ("draft", "target") if r not in changed]
-    tail = f"; {same[0]} unchanged ({_fp(now[same[0]]['fingerprint'])})" if same else ""
-    return "Checkpoint changed: " + "; ".join(parts) + tail + "."
+    sentences = []
+    if rebuilt:
+        parts = [f"{role} rebuilt from recipe {_fp(now[role]['recipe'])}, weights differ "
+                 f"({_fp(changed[role][0])} -> {_fp(changed[role][1])})" for role in rebuilt]
+        sentences.append("Rebuilt from the pinned recipe" + on_hardware + ": " + "; ".join(parts)
+                         + " (not a checkpoint change).")
+    other = {r: c for r, c in changed.items() if r not in rebuilt}
+    if other:
+        parts = [f"{role} fingerprint changed {_fp(o)} -> {_fp(n)}" for role, (o, n) in other.items()]
+        same = [r for r in ("draft", "target") if r not in changed]
+        tail = f"; {same[0]} unchanged ({_fp(now[same[0]]['fingerprint'])})" if same else ""
+        sentences.append("Checkpoint changed: " + "; ".join(parts) + tail + ".")
+    return " ".join(sentences)
 
 
 def _ci(ci: list[float]) -> str:
@@ -364,7 +431,7 @@ def _change(v: Verdict, tolerance: float) -> str:
     return f"{word} of {abs(v.drop):.3f}, within the tolerance {tolerance:.3f}"
 
 
-def verdict_paragraph(doc: dict, now: dict, verdicts: list[Verdict], tolerance: float) -> str:
+def verdict_paragraph(doc: dict, now: dict, verdicts: list[Verdict], tolerance: float, machine_now: dict) -> str:
     """One paragraph: the pair, old and new fingerprints, old and new acceptance, the drop."""
     s, d = doc["stream"], doc["decode"]
     failed = [v for v in verdicts if v.failed(tolerance)]
@@ -375,13 +442,17 @@ def verdict_paragraph(doc: dict, now: dict, verdicts: list[Verdict], tolerance: 
              f"{s.get('max_new_tokens')} new tokens (stream {_fp(s.get('identity'))}), gamma {d['gamma']}, "
              f"temperature {d['temperature']}, seed {d['seed']}.")
     advice = " " + regression_advice(doc, now) if failed else ""
-    return f"{head}{per_method}. {fingerprint_sentence(doc, now)} {where}{settings_note(doc)}{advice}"
+    return f"{head}{per_method}. {fingerprint_sentence(doc, now, machine_now)} {where}{settings_note(doc)}{advice}"
 
 
 def regression_advice(doc: dict, now: dict) -> str:
     """What the drop most likely means, from which fingerprints changed."""
-    changed = fingerprint_changes(doc, now)
+    changed = {r: c for r, c in fingerprint_changes(doc, now).items() if r not in rebuilt_roles(doc, now)}
     repin = "or re-pin with `drift regress pin` if the lower acceptance is accepted."
+    if rebuilt_roles(doc, now) and not changed:
+        return ("The pair was rebuilt from the pinned recipe and its weights differ (another CPU's kernels round "
+                "differently): pin the files, not the recipe, and check the pinned files by path (docs/regress.md), "
+                f"{repin}")
     if "target" in changed:
         return f"The draft was tuned against the baseline's target: re-distil or re-tune it for the new target, {repin}"
     if "draft" in changed:
@@ -411,14 +482,20 @@ def check(doc: dict, cfg: RegressConfig, tolerance: float = DEFAULT_TOLERANCE,
     check_stream(doc, stream)
     measured = measure(cfg, models, stream, progress)
     now = describe_models(models)
+    env = environment()
+    machine_now = env["machine"]
     verdicts = compare(doc, measured)
     passed = not any(v.failed(tolerance) for v in verdicts)
+    change = pair_change(doc, now, machine_now)
     return {
         "kind": "drift-regress-check",
         "baseline_version": BASELINE_VERSION,
         "passed": passed,
         "tolerance": tolerance,
-        "checkpoint_changed": bool(fingerprint_changes(doc, now)),
+        "checkpoint_changed": change == "checkpoint",
+        "pair_change": change,                  # none | hardware | rebuild | checkpoint
+        "rebuilt": rebuilt_roles(doc, now),
+        "machine_differences": machine_differences(doc, machine_now),
         "fingerprints": {role: {"baseline": doc["pair"][role].get("fingerprint"), "now": now[role]["fingerprint"]}
                          for role in ("draft", "target")},
         "pair": now,
@@ -428,8 +505,8 @@ def check(doc: dict, cfg: RegressConfig, tolerance: float = DEFAULT_TOLERANCE,
         "methods": {v.method: {"baseline": v.old, "now": v.new, "drop": v.drop, "failed": v.failed(tolerance),
                                "baseline_ci95": v.old_ci, "now_ci95": v.new_ci,
                                "now_detail": measured[v.method]} for v in verdicts},
-        "message": verdict_paragraph(doc, now, verdicts, tolerance),
-        "env": environment(),
+        "message": verdict_paragraph(doc, now, verdicts, tolerance, machine_now),
+        "env": env,
     }
 
 

@@ -76,7 +76,9 @@ def hardware() -> str:
 
 
 def environment() -> dict[str, Any]:
-    return {"versions": versions(), "git": git_revision(), "hardware": hardware(),
+    from drift_cli import machine
+
+    return {"versions": versions(), "git": git_revision(), "hardware": hardware(), "machine": machine.describe(),
             "platform": platform.platform(), "argv": sys.argv}
 
 

@@ -1,7 +1,9 @@
-"""`drift zoo build|list`: train and inspect the built-in model zoo (registered by drift_cli.cli)."""
+"""`drift zoo build|list|install|change-target`: train, install and inspect the built-in model zoo
+(registered by drift_cli.cli)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -44,6 +46,20 @@ def build(preset: str, offline_scenarios: tuple[str, ...], divergence: str, on_p
     out.print(f"zoo: {pair.root}")
     for path in offline:
         out.print(f"offline draft: {path}")
+
+
+@zoo.command("install")
+@click.argument("source", type=click.Path(path_type=Path))
+def install(source: Path) -> None:
+    """Install a built zoo (a directory holding manifest.json, tokenizer/, target/, draft/) into the
+    cache: e.g. the committed micro pair, results/baselines/micro, or a build copied from another
+    machine. Pin files, not recipes: a rebuild on another CPU gives other weights."""
+    from drift_cli.zoo.build import install_zoo, is_current_build
+
+    pair = install_zoo(source)
+    state = ("it is this machine's current build of the preset" if is_current_build(pair) else
+             "this machine's scenario data give another recipe, so --zoo rebuilds; use the files by path")
+    Console().print(f"installed zoo '{pair.preset}': {pair.root} ({state})", highlight=False)
 
 
 @zoo.command("change-target")

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
 from drift_cli.divergence import DIVERGENCES
+from drift_cli.errors import BadInput
 from drift_cli.registry import unknown
 from drift_cli.zoo import cache
 from drift_cli.zoo.distill import distill
@@ -102,8 +103,7 @@ def base_recipes(preset: ZooPreset, target_data: str, draft_data: str) -> dict[s
         r = {"component": name, "code_version": cache.CODE_VERSION, "tokenizer": tok["hash"],
              "vocab_size": preset.vocab_size, "shape": asdict(shape), "train": asdict(train), "data": data,
              **data_cap}
-        r["hash"] = cache.recipe_hash(r)
-        return r
+        return cache.seal(r)
 
     return {
         "tokenizer": tok,
@@ -236,6 +236,39 @@ def ensure_zoo(preset: str = "small", progress: Progress | None = None) -> ZooPa
     return _pair(p, root)
 
 
+# ---- installing built files --------------------------------------------------------------------
+
+def install_zoo(source: Path) -> ZooPair:
+    """Copy a built zoo root (manifest.json, tokenizer/, target/, draft/: a committed fixture, or
+    a build from another machine) into the cache under its own recipe name, atomically (a no-op
+    when it is there already). Files, not a recipe: a rebuild on another CPU gives other weights."""
+    source = Path(source)
+    manifest = cache.read_json(source / "manifest.json")
+    if manifest is None or not isinstance(manifest.get("hash"), str) or manifest.get("preset") not in PRESETS:
+        raise BadInput(f"{source} is not a built zoo (no manifest.json of a trained preset: "
+                       f"{', '.join(PRESETS)})")
+    components = (manifest.get("recipe") or {}).get("components") or {}
+    for name in COMPONENTS:
+        if not cache.component_matches(source / name, components.get(name, "")):
+            raise BadInput(f"{source} is not a complete zoo: {name}/ is missing or is not the manifest's")
+    p = get_preset(manifest["preset"])
+    root = cache.cache_root() / f"{p.name}-{manifest['hash'][:12]}"
+    with cache.build_lock(p.name):
+        if (cache.read_json(root / "manifest.json") or {}) != manifest or \
+                any(not cache.component_matches(root / n, components[n]) for n in COMPONENTS):
+            cache.copy_component(source, root)
+    return _pair(p, root)
+
+
+def is_current_build(pair: ZooPair) -> bool:
+    """Whether `pair` is its preset's build for this machine's scenario data (`--zoo` uses it);
+    False when the data give another recipe (then `--zoo` rebuilds; the files still work by path)."""
+    p = get_preset(pair.preset)
+    target_docs, draft_docs = _training_documents()
+    current, _ = root_for(p, base_recipes(p, cache.documents_hash(target_docs), cache.documents_hash(draft_docs)))
+    return current == pair.root
+
+
 # ---- offline drafts ----------------------------------------------------------------------------
 
 def load_model(path: Path) -> torch.nn.Module:
@@ -265,7 +298,7 @@ def ensure_offline_draft(preset: str, scenario: str, divergence: str = "fkl", on
               "divergence": divergence, "on_policy": on_policy, "distill": asdict(p.distill),
               "domain_chars": p.domain_chars,
               "data": cache.documents_hash(docs)}
-    recipe["hash"] = cache.recipe_hash(recipe)
+    cache.seal(recipe)
     final = pair.root / "offline" / cache.offline_name(scenario, divergence, on_policy)
     if cache.component_matches(final, recipe["hash"]):
         return final

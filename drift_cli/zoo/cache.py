@@ -42,6 +42,26 @@ def recipe_hash(recipe: dict) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
 
 
+def build_threads() -> int:
+    """Intra-op CPU threads for a build: $DRIFT_TRAIN_THREADS, default 1. The thread count fixes
+    the order of float reductions, so it is part of a trained component's recipe (`seal`)."""
+    text = os.environ.get("DRIFT_TRAIN_THREADS", "1")
+    if not text.strip().isdigit() or not 1 <= int(text) <= 1024:
+        raise BadInput(f"DRIFT_TRAIN_THREADS must be an integer from 1 to 1024 (got {text!r})")
+    return int(text)
+
+
+def seal(recipe: dict) -> dict:
+    """A trained component's recipe with its build thread count and its hash. One thread, the
+    default, stays out of the recipe, so the recipes built before the count was recorded keep
+    their hash."""
+    threads = build_threads()
+    if threads != 1:
+        recipe["threads"] = threads
+    recipe["hash"] = recipe_hash(recipe)
+    return recipe
+
+
 def documents_hash(docs) -> str:
     """sha256 over (id, sha256(text)) of each document, in the given (training) order."""
     h = hashlib.sha256()

@@ -334,8 +334,7 @@ def _train_draft(p: PretrainedPreset, target: torch.nn.Module, tokenizer, draft:
 def _draft_recipe(p: PretrainedPreset, target_sha: str, docs_hash: str) -> dict:
     r = {"component": "draft", "code_version": cache.CODE_VERSION, "preset": p.name, "target": target_sha,
          "draft": asdict(p.draft), "train": asdict(p.draft_train), "data": docs_hash}
-    r["hash"] = cache.recipe_hash(r)
-    return r
+    return cache.seal(r)
 
 
 def _current_recipe(p: PretrainedPreset) -> tuple[Path, dict, Path]:
@@ -397,7 +396,7 @@ def ensure_pretrained_offline(p: PretrainedPreset, scenario: str, divergence_kin
               "distill": asdict(p.offline), "data": cache.documents_hash(docs)}
     if p.offline_vocab != "base":
         recipe["vocab"] = p.offline_vocab     # absent for "base": the recipes built before it keep their hash
-    recipe["hash"] = cache.recipe_hash(recipe)
+    cache.seal(recipe)
     final = pair.root / "offline" / cache.offline_name(scenario, divergence_kind, on_policy)
     if cache.component_matches(final, recipe["hash"]):
         return final

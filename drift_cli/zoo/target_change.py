@@ -60,8 +60,7 @@ class TargetChange:
              "kind": self.kind}
         if self.kind == "finetune":
             r |= {"domain": self.domain, **FINETUNE, "steps": self.steps}
-        r["hash"] = cache.recipe_hash(r)
-        return r
+        return cache.seal(r)
 
 
 @torch.no_grad()

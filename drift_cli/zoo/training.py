@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,14 +25,20 @@ def training_device() -> torch.device:
 
 @contextlib.contextmanager
 def cpu_threads():
-    """Intra-op threads while training: $DRIFT_TRAIN_THREADS, default 1. On a shared 2-core
-    machine one thread per process is much faster than two oversubscribed ones."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(os.environ.get("DRIFT_TRAIN_THREADS", "1"))))
+    """A deterministic build: the recipe's intra-op thread count (`cache.build_threads`, default 1:
+    on a shared 2-core machine one thread per process is also much faster than two oversubscribed
+    ones) and torch's deterministic algorithms, so that one machine gives the same bytes whatever
+    its load. Another CPU may still round differently: a pinned pair is files, not a recipe."""
+    from drift_cli.zoo.cache import build_threads
+
+    old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(build_threads())
+    torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield
     finally:
-        torch.set_num_threads(old)
+        torch.set_num_threads(old_threads)
+        torch.use_deterministic_algorithms(old_det)
 
 
 def autocast(device: torch.device, bf16: bool):
