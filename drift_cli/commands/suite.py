@@ -12,6 +12,7 @@ from drift_cli.console import emit, err_console, stdout_console
 from drift_cli.errors import BadInput
 
 DEFAULT_OUT = Path("results/suites")
+STATUS_ROWS = 1000     # above this many cells, the status table lists only the running and failed ones
 
 
 def _suite_args(fn):
@@ -83,6 +84,10 @@ def run(suite_file, out, overrides, quick, as_json, executor, address, jobs, cla
         else:
             err_console.print(f"[{n}/{total}] FAILED {cell.key} {where}: {outcome[1]}", highlight=False, markup=False)
 
+    from drift_cli.suite.store import finished_cells
+
+    done = len({c.key for c in suite.cells} & set(finished_cells(root)))
+    err_console.print(f"suite {suite.name}: {len(suite.cells)} cells, {done} already done → {root}", highlight=False)
     summary = run_suite(suite, root, executor, jobs, address, on_cell)
     if as_json:
         emit(summary, True)
@@ -112,10 +117,14 @@ def status(suite_file, out, overrides, quick, as_json) -> None:
         return
     counts = ", ".join(f"{sum(1 for s in states.values() if s == k)} {k}" for k in store.STATES)
     table = row_table(f"suite {suite.name}: {len(suite.cells)} cells ({counts})", ("cell", *suite.axes, "state"))
-    for c in suite.cells:
+    listed = [c for c in suite.cells if len(suite.cells) <= STATUS_ROWS or states[c.key] in ("running", "failed")]
+    for c in listed:
         err = store.failure(root, c.key) if states[c.key] == "failed" else None
         table.add_row(c.key, *[c.coord(a) or "" for a in suite.axes], states[c.key] + (f": {err}" if err else ""))
     stdout_console().print(table)
+    if len(listed) < len(suite.cells):
+        stdout_console().print(f"{len(suite.cells) - len(listed)} done or missing cells not listed (more than "
+                               f"{STATUS_ROWS:,} cells); --json lists every cell", highlight=False)
 
 
 @suite.command()
