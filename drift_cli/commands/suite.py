@@ -1,4 +1,4 @@
-"""`drift suite run|status|report SUITE`: a declared grid of bench runs (see docs/suites.md)."""
+"""`drift suite run|status|report|export SUITE`: a declared grid of bench runs (see docs/suites.md)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _load(suite_file: Path, overrides: tuple[str, ...], out: Path, quick: bool =
 
 @click.group()
 def suite() -> None:
-    """Declared experiment grids: run (locally or on Ray), status, report."""
+    """Declared experiment grids: run (locally or on Ray), status, report, export."""
 
 
 @suite.command()
@@ -158,3 +158,32 @@ def report(suite_file, out, overrides, quick, as_json, claims, claims_out) -> No
     else:
         click.echo(path.read_text())
         err_console.print(f"→ {path}", highlight=False)
+
+
+@suite.command()
+@_suite_args
+@click.option("--format", "fmt", type=click.Choice(["csv", "parquet"]), default="csv", show_default=True,
+              help="parquet needs pyarrow (pip install 'drift-bench[export]')")
+@click.option("--file", "file", type=click.Path(path_type=Path), default=None,
+              help="where to write (default: OUT/<suite name>/cells.csv or cells.parquet)")
+def export(suite_file, out, overrides, quick, as_json, fmt, file) -> None:
+    """The finished cells as one table: a row per cell and method, a column per setting and metric."""
+    from drift_cli.atomic import check_output_target
+    from drift_cli.export import suite_rows, write_rows
+    from drift_cli.suite import store
+
+    suite, root = _load(suite_file, overrides, out, quick)
+    runs = store.finished_runs(root, suite)
+    if not runs:
+        raise BadInput(f"no finished cells of suite {suite.name} under {out} (run `drift suite run {suite_file}` first)")
+    target = check_output_target(file or root / f"cells.{fmt}", "--file")
+    rows = suite_rows(({"suite": suite.name, "key": c.key, "coords": dict(c.coords)}, runs[c.key])
+                      for c in suite.cells if c.key in runs)
+    path = write_rows(rows, fmt, target)
+    summary = {"suite": suite.name, "file": str(path), "rows": len(rows), "cells": len(runs),
+               "not_done": len(suite.cells) - len(runs)}
+    if as_json:
+        emit(summary, True)
+    else:
+        err_console.print(f"{len(rows)} rows ({len(runs)} cells × their methods; {summary['not_done']} cells not done) "
+                          f"→ {path}", highlight=False)
