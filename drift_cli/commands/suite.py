@@ -86,6 +86,10 @@ def run(suite_file, out, overrides, quick, as_json, executor, address, jobs, cla
 
     from drift_cli.suite.store import finished_cells
 
+    if executor == "ray":
+        from drift_cli.suite.executors import ray_module
+
+        ray_module()              # Ray missing: refused before the run starts
     done = len({c.key for c in suite.cells} & set(finished_cells(root)))
     err_console.print(f"suite {suite.name}: {len(suite.cells)} cells, {done} already done → {root}", highlight=False)
     summary = run_suite(suite, root, executor, jobs, address, on_cell)

@@ -129,7 +129,7 @@ def local_results(cells: list[Cell], jobs: int) -> Iterator[tuple[Cell, Outcome]
 
 # --- Ray ---------------------------------------------------------------------------------------
 
-def _ray():
+def ray_module():
     try:
         import ray
     except ImportError:
@@ -150,7 +150,7 @@ def ray_results(cells: list[Cell], address: str | None, cpus: int) -> Iterator[t
 
 
 def _ray_results(cells: list[Cell], address: str | None, cpus: int) -> Iterator[tuple[Cell, Outcome]]:
-    ray = _ray()
+    ray = ray_module()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     try:
