@@ -70,12 +70,16 @@ def bench(scenario, corpus, methods, no_control, batch_sizes, shuffle, switch_af
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="print the runs as a JSON list")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="re-render plots into this directory")
-def report(run_dirs, as_json, out) -> None:
+@click.option("--format", "fmt", type=click.Choice(["table", "csv"]), default="table", show_default=True,
+              help="csv: one row per run and method, every setting and metric a column, on stdout")
+def report(run_dirs, as_json, out, fmt) -> None:
     """Re-render tables (and plots) from saved runs."""
     from drift_cli.plots import plot_run
     from drift_cli.report import render_run
     from drift_cli.results import check_writable, load_run
 
+    if as_json and fmt != "table":
+        raise BadInput("--json and --format csv each choose what stdout carries: give one")
     runs = [load_run(d) for d in run_dirs]
     if out is not None:
         check_writable(out)
@@ -83,6 +87,11 @@ def report(run_dirs, as_json, out) -> None:
             plot_run(run, check_writable(Path(out) / Path(d).name))
     if as_json:
         emit(runs, True)  # type: ignore[arg-type]
+        return
+    if fmt == "csv":
+        from drift_cli.export import csv_text, run_rows
+
+        click.echo(csv_text([row for run in runs for row in run_rows(run)]), nl=False)
         return
     console = stdout_console()
     for d, run in zip(run_dirs, runs, strict=True):

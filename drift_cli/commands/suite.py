@@ -1,4 +1,4 @@
-"""`drift suite run|status|report SUITE`: a declared grid of bench runs (see docs/suites.md)."""
+"""`drift suite run|status|report|export SUITE`: a declared grid of bench runs (see docs/suites.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from drift_cli.console import emit, err_console, stdout_console
 from drift_cli.errors import BadInput
 
 DEFAULT_OUT = Path("results/suites")
+STATUS_ROWS = 1000     # above this many cells, the status table lists only the running and failed ones
 
 
 def _suite_args(fn):
@@ -40,7 +41,7 @@ def _load(suite_file: Path, overrides: tuple[str, ...], out: Path, quick: bool =
 
 @click.group()
 def suite() -> None:
-    """Declared experiment grids: run (locally or on Ray), status, report."""
+    """Declared experiment grids: run (locally or on Ray), status, report, export."""
 
 
 @suite.command()
@@ -83,6 +84,14 @@ def run(suite_file, out, overrides, quick, as_json, executor, address, jobs, cla
         else:
             err_console.print(f"[{n}/{total}] FAILED {cell.key} {where}: {outcome[1]}", highlight=False, markup=False)
 
+    from drift_cli.suite.store import finished_cells
+
+    if executor == "ray":
+        from drift_cli.suite.executors import ray_module
+
+        ray_module()              # Ray missing: refused before the run starts
+    done = len({c.key for c in suite.cells} & set(finished_cells(root)))
+    err_console.print(f"suite {suite.name}: {len(suite.cells)} cells, {done} already done → {root}", highlight=False)
     summary = run_suite(suite, root, executor, jobs, address, on_cell)
     if as_json:
         emit(summary, True)
@@ -112,10 +121,14 @@ def status(suite_file, out, overrides, quick, as_json) -> None:
         return
     counts = ", ".join(f"{sum(1 for s in states.values() if s == k)} {k}" for k in store.STATES)
     table = row_table(f"suite {suite.name}: {len(suite.cells)} cells ({counts})", ("cell", *suite.axes, "state"))
-    for c in suite.cells:
+    listed = [c for c in suite.cells if len(suite.cells) <= STATUS_ROWS or states[c.key] in ("running", "failed")]
+    for c in listed:
         err = store.failure(root, c.key) if states[c.key] == "failed" else None
         table.add_row(c.key, *[c.coord(a) or "" for a in suite.axes], states[c.key] + (f": {err}" if err else ""))
     stdout_console().print(table)
+    if len(listed) < len(suite.cells):
+        stdout_console().print(f"{len(suite.cells) - len(listed)} done or missing cells not listed (more than "
+                               f"{STATUS_ROWS:,} cells); --json lists every cell", highlight=False)
 
 
 @suite.command()
@@ -149,3 +162,32 @@ def report(suite_file, out, overrides, quick, as_json, claims, claims_out) -> No
     else:
         click.echo(path.read_text())
         err_console.print(f"→ {path}", highlight=False)
+
+
+@suite.command()
+@_suite_args
+@click.option("--format", "fmt", type=click.Choice(["csv", "parquet"]), default="csv", show_default=True,
+              help="parquet needs pyarrow (pip install 'drift-bench[export]')")
+@click.option("--file", "file", type=click.Path(path_type=Path), default=None,
+              help="where to write (default: OUT/<suite name>/cells.csv or cells.parquet)")
+def export(suite_file, out, overrides, quick, as_json, fmt, file) -> None:
+    """The finished cells as one table: a row per cell and method, a column per setting and metric."""
+    from drift_cli.atomic import check_output_target
+    from drift_cli.export import suite_rows, write_rows
+    from drift_cli.suite import store
+
+    suite, root = _load(suite_file, overrides, out, quick)
+    runs = store.finished_runs(root, suite)
+    if not runs:
+        raise BadInput(f"no finished cells of suite {suite.name} under {out} (run `drift suite run {suite_file}` first)")
+    target = check_output_target(file or root / f"cells.{fmt}", "--file")
+    rows = suite_rows(({"suite": suite.name, "key": c.key, "coords": dict(c.coords)}, runs[c.key])
+                      for c in suite.cells if c.key in runs)
+    path = write_rows(rows, fmt, target)
+    summary = {"suite": suite.name, "file": str(path), "rows": len(rows), "cells": len(runs),
+               "not_done": len(suite.cells) - len(runs)}
+    if as_json:
+        emit(summary, True)
+    else:
+        err_console.print(f"{len(rows)} rows ({len(runs)} cells × their methods; {summary['not_done']} cells not done) "
+                          f"→ {path}", highlight=False)

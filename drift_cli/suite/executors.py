@@ -129,7 +129,7 @@ def local_results(cells: list[Cell], jobs: int) -> Iterator[tuple[Cell, Outcome]
 
 # --- Ray ---------------------------------------------------------------------------------------
 
-def _ray():
+def ray_module():
     try:
         import ray
     except ImportError:
@@ -150,7 +150,7 @@ def ray_results(cells: list[Cell], address: str | None, cpus: int) -> Iterator[t
 
 
 def _ray_results(cells: list[Cell], address: str | None, cpus: int) -> Iterator[tuple[Cell, Outcome]]:
-    ray = _ray()
+    ray = ray_module()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     try:
@@ -203,7 +203,8 @@ def _manifest(root: Path, suite: Suite, executor: str, jobs: int, timings: dict[
 def run_suite(suite: Suite, root: Path, executor: str = "local", jobs: int = 1, address: str | None = None,
               on_cell: Callable[[Cell, Outcome, int, int], None] | None = None) -> dict:
     """Run the cells that are not done; write each as it arrives. Returns the summary."""
-    todo = [c for c in suite.cells if store.cell_state(root, c.key) != "done"]
+    done = store.finished_cells(root)
+    todo = [c for c in suite.cells if c.key not in done]
     summary: dict[str, Any] = {"suite": suite.name, "dir": str(root), "cells": len(suite.cells),
                                "already_done": len(suite.cells) - len(todo), "executed": [], "failed": {}}
     timings: dict[str, float] = {}
@@ -212,8 +213,7 @@ def run_suite(suite: Suite, root: Path, executor: str = "local", jobs: int = 1, 
         summary["wall_s"] = 0.0
         return summary
     results = local_results(todo, jobs) if executor == "local" else ray_results(todo, address, jobs)
-    for c in todo:
-        store.mark_running(root, c.key)
+    store.mark_running(root, (c.key for c in todo))
     try:
         for n, (cell, outcome) in enumerate(results, 1):
             kind, payload = outcome

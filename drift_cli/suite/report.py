@@ -117,7 +117,7 @@ def pinning(manifest: dict) -> str:
 def write_report(suite: Suite, root: Path, out: Path) -> Path:
     """report.md (and acceptance.png, speedup.png) in `out`; returns the report's path."""
     states = store.status(root, suite)
-    runs = {k: r for k in states if states[k] == "done" and (r := store.load_cell(root, k)) is not None}
+    runs = store.finished_runs(root, suite)
     manifest = json.loads((root / "suite.json").read_text()) if (root / "suite.json").is_file() else {}
     counts = {s: sum(1 for v in states.values() if v == s) for s in store.STATES}
     lines = [f"# Suite `{suite.name}`", ""]

@@ -19,9 +19,11 @@ batch size 1 stays out of it, so the keys of suites written before batching are 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from drift_cli.registry import unknown
 SUITE_VERSION = 1
 TABLES = ("version", "description", "base", "grid", "axes", "exclude", "quick", "claims", "claim")
 QUICK_SUFFIX = "-quick"     # the --quick variant's results live in <suite>-quick/
+MAX_CELLS = 100_000         # a larger grid is refused before it is expanded
 NOT_SETTINGS = ("out", "options", "batch_sizes")   # BenchConfig fields a suite does not set (the run
 #                                                    sets out; a batch-size axis is a grid key)
 # Settings added after suites had written cells: at their default they stay out of the key, so
@@ -63,6 +66,7 @@ class Suite:
     cells: tuple[Cell, ...]
 
 
+@functools.cache                  # read once per process: a suite resolves every cell against them
 def _method_options() -> dict[str, click.Option]:
     from drift_cli.commands.options import settings_options
     from drift_cli.methods import settings_classes
@@ -70,6 +74,7 @@ def _method_options() -> dict[str, click.Option]:
     return {opt.name: opt for opt in settings_options(settings_classes())}
 
 
+@functools.cache
 def _bench_fields() -> dict[str, Any]:
     from drift_cli.bench import BenchConfig
 
@@ -89,6 +94,7 @@ def _key(name: str, where: str) -> str:
     return key
 
 
+@functools.cache
 def _bench_params() -> dict[str, click.Parameter]:
     """`drift bench`'s options by name: a setting's type and check are its flag's."""
     from drift_cli.commands.options import bench_params
@@ -107,6 +113,8 @@ def _value(key: str, value: Any, where: str) -> Any:
         return param.type.convert(value, param, None)
     except click.BadParameter as e:
         raise BadInput(f"{where}: {key} = {value!r}: {e.format_message()}") from None
+    except (OverflowError, TypeError, ValueError, AttributeError):   # inf for an integer, a list or table, ...
+        raise BadInput(f"{where}: {key} = {value!r} is not a valid {param.type.name}") from None
 
 
 def _table(raw: dict, name: str) -> dict:
@@ -217,9 +225,9 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def apply_overrides(raw: dict, overrides: dict[str, Any]) -> dict:
     """Each override fixes its setting for every cell: it goes into [base] and out of the grid and axes."""
-    raw = {**raw, "base": dict(raw.get("base", {})), "grid": dict(raw.get("grid", {})),
+    raw = {**raw, "base": dict(_table(raw, "base")), "grid": dict(_table(raw, "grid")),
            "axes": {n: {p: dict(v) if isinstance(v, dict) else v for p, v in pts.items()} if isinstance(pts, dict) else pts
-                    for n, pts in raw.get("axes", {}).items()}}
+                    for n, pts in _table(raw, "axes").items()}}
     norm = lambda k: k.replace("-", "_")  # noqa: E731
     for key, value in overrides.items():
         raw["base"] = {k: v for k, v in raw["base"].items() if norm(k) != key} | {key: value}
@@ -286,19 +294,33 @@ def select_cells(suite: Suite, only: dict[str, list[str]]) -> Suite:
     return replace(suite, cells=tuple(keep))
 
 
+def check_size(path: Path, axes: list[tuple[str, list]]) -> None:
+    """Refuse a grid of more than MAX_CELLS combinations, counted from the axes' sizes before any is expanded."""
+    n = math.prod(len(points) for _, points in axes)
+    if n > MAX_CELLS:
+        sizes = " × ".join(f"{len(points)} {name}" for name, points in axes)
+        raise BadInput(f"{path}: the grid has {n:,} cells ({sizes}); a suite holds at most {MAX_CELLS:,}: "
+                       "split it into several suites, or fix settings with --set")
+
+
 def load_suite(path: Path, overrides: dict[str, Any] | None = None, quick: bool = False) -> Suite:
     from drift_cli.scenarios.schema import read_toml
 
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"no suite file at {path}")
-    raw = read_toml(path)
+    try:
+        raw = read_toml(path)
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                       "a suite file is TOML, which is UTF-8") from None
     if quick:
         raw = quick_variant(raw, path)
     keep = raw.pop("_keep", [])
     if overrides:
         raw = apply_overrides(raw, overrides)
     description, base, axes = parse_suite(path, raw)
+    check_size(path, axes)
     exclude = _selection(raw["exclude"], "[[exclude]]") if "exclude" in raw else []
     names = {name for name, _ in axes} | set(base)   # a setting fixed by --set is matched by its value
     for sel in [*exclude, *keep]:
