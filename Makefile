@@ -1,6 +1,7 @@
 # drift-bench: two commands do all the set-up on a fresh machine.
-#   make bench   the main job: drift bench --scenario jargon --methods all on the built-in small zoo
-#   make test    every test: cargo test (the Rust core) and pytest (everything else)
+#   make bench      the main job: drift bench --scenario jargon --methods all on the built-in small zoo
+#   make test       cargo test (the Rust core) and pytest's default tier (every module and behaviour)
+#   make test-all   everything, the heavy tiers too (zoo builds, subprocesses, statistics, faults)
 # Both reuse one virtual environment ($(VENV)); it is (re)installed when pyproject.toml or the
 # Rust sources change.
 
@@ -11,7 +12,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.drift-installed
 RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml
 
-.PHONY: setup data-deps bench bench-smollm test test-rust test-python test-fast clean
+# pytest's heavy tiers (markers in pyproject.toml, cache policy in tests/conftest.py)
+HEAVY := zoo_build or subprocess or stats or faults or slow
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST := $(PY) -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider
+
+.PHONY: setup data-deps bench bench-smollm test test-all test-heavy test-rust test-python clean
 
 setup: $(STAMP) data-deps
 
@@ -38,15 +44,18 @@ bench-smollm: setup
 
 test: setup test-rust test-python
 
+test-all: setup test-rust
+	$(PYTEST)
+
+# the heavy tiers alone (.ci/run runs them after `make test`)
+test-heavy: setup
+	$(PYTEST) -m "$(HEAVY)"
+
 test-rust:
 	cargo test --release
 
 test-python: $(STAMP)
-	$(PY) -m pytest -q
-
-# the quick loop while developing: no slow-marked tests
-test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not ($(HEAVY))"
 
 clean:
 	rm -rf $(VENV) target build dist

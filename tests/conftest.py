@@ -15,7 +15,7 @@ The heavy tiers, by what makes a test heavy (markers, `pyproject.toml`): `zoo_bu
 zoo or an offline draft), `subprocess` (fresh `drift` processes), `stats` (statistics over many
 samples), `faults` (kills, signals, injected failures), `slow` (long in some other way). `make test`
 deselects them; `make test-all` runs everything. `DRIFT_TEST_SCALE` (default 1) multiplies the
-fuzz and sample counts of the tests that read it (`scaled`); CI runs the heavy tier at 1.
+fuzz and sample counts (tests/scale.py); CI runs every tier at 1.
 """
 
 import atexit
@@ -30,9 +30,11 @@ import torch  # only to ask whether a GPU is present
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-MICRO_FIXTURE = REPO / "results" / "baselines" / "micro"
+if os.environ.get("PYTEST_XDIST_WORKER"):      # one intra-op thread per worker: the workers fill the cores
+    torch.set_num_threads(1)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.pinned import MICRO_FIXTURE  # noqa: E402
 
 
 def _session_cache() -> str:
@@ -50,11 +52,6 @@ def _session_cache() -> str:
 
 
 os.environ["DRIFT_CACHE_DIR"] = _session_cache()
-
-
-def scaled(n: int) -> int:
-    """A fuzz or sample count times $DRIFT_TEST_SCALE (default 1; at least 1)."""
-    return max(1, round(n * float(os.environ.get("DRIFT_TEST_SCALE", "1"))))
 
 
 @pytest.fixture(scope="session", autouse=True)

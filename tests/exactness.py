@@ -20,6 +20,7 @@ from drift_cli.engine.loop import DecodeConfig, generate, run_stream
 from drift_cli.engine.sampling import Sampler
 from drift_cli.methods.base import DraftPolicy
 from drift_cli.stream import Prompt, Stream
+from tests.scale import scaled
 
 SIGNIFICANCE = 1e-3  # a correct engine fails this test with probability 0.001
 
@@ -56,7 +57,9 @@ def sample_first_tokens(
 ) -> dict[tuple[int, ...], int]:
     """batch 1: `generate` once per sample; batch B: one stream of `samples` copies of the prompt,
     B rows at a time (continuous batching). Adaptive state and the γ controller persist across
-    the samples (as across the prompts of a stream), so an adaptive γ varies between samples."""
+    the samples (as across the prompts of a stream), so an adaptive γ varies between samples.
+    The count is scaled by $DRIFT_TEST_SCALE (tests/scale.py)."""
+    samples = scaled(samples)
     lm = CausalLM(target, "target")
     policy = make_policy()
     cfg = DecodeConfig(gamma=gamma, max_new_tokens=n_tokens + gamma, temperature=temperature, top_p=top_p,

@@ -13,6 +13,7 @@ from collections import OrderedDict
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.scale import scaled
 
 from drift_cli import _bank
 
@@ -190,7 +191,7 @@ books_config = st.tuples(
 )
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled(250), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=books_config, ops=st.lists(operation, min_size=20, max_size=80))
 def test_rust_books_match_the_python_model(config, ops):
     capacity, quotas = config

@@ -273,6 +273,7 @@ pending = "the micro zoo has one draft per target"
 """
 
 
+@pytest.mark.slow      # 27 micro cells end to end; .ci/run runs the claims quick variant too
 def test_claims_report_end_to_end_on_micro(tmp_path, capsys):
     suite_file = tmp_path / "mc.toml"
     suite_file.write_text(MICRO)

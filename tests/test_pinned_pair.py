@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from drift_cli.cli import main
 from drift_cli.models import fingerprint
 from drift_cli.regress import config_from_baseline, load_baseline
-from tests.conftest import MICRO_FIXTURE, REPO
+from tests.pinned import MICRO_FIXTURE, REPO
 
 BASELINE = REPO / "results" / "baselines" / "micro.json"
 SHORT = ["--scenario", "indist", "--split", "dev", "--max-prompts", "2", "--max-new-tokens", "16"]

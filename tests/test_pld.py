@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.scale import scaled
 
 from drift_cli.commands.options import method_cli_options
 from drift_cli.errors import BadInput
@@ -26,7 +27,7 @@ def brute_lookup(ids: list[int], max_ngram: int, max_tokens: int) -> list[int]:
     return []
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=scaled(200), deadline=None)
 @given(ids=st.lists(st.integers(0, 4), max_size=40), max_ngram=st.integers(1, 5), max_tokens=st.integers(1, 7))
 def test_index_lookup_equals_brute_force_at_every_length(ids, max_ngram, max_tokens):
     index = NgramIndex(max_ngram)
@@ -80,9 +81,10 @@ def test_no_match_drafts_nothing():
     assert prop.k == 0 and prop.tokens.shape == (1, 0)
 
 
+@pytest.mark.stats
 @pytest.mark.parametrize("kw,samples", [
     ({}, 1200),
-    pytest.param({"temperature": 0.7, "top_p": 0.9}, 3000, marks=pytest.mark.slow),
+    pytest.param({"temperature": 0.7, "top_p": 0.9}, 3000),
 ], ids=["T1", "T0.7-top_p0.9"])
 def test_sampling_matches_target(kw, samples):
     p, policy = drafter_sampling_run(Recording, samples, **kw)
@@ -111,6 +113,7 @@ class WrongQ(PromptLookup):
         return prop
 
 
+@pytest.mark.stats
 def test_wrong_proposal_distribution_is_detected():
     """The sampling test has the power to see a point mass passed off as another q."""
     _, target = tiny_pair(vocab=VOCAB, seed=11)

@@ -3,6 +3,7 @@ distillation on cached labels, and the exactness of a subset draft (greedy and s
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from drift_cli.engine.head import OUTSIDE, VOCAB_SUBSET_KEY, OutputHead
@@ -87,6 +88,7 @@ def test_greedy_with_a_subset_draft_equals_ar():
         assert spec == ar
 
 
+@pytest.mark.stats
 def test_sampling_with_a_subset_draft_is_exact():
     """chi-square on the first two tokens (vocabulary 8) with a draft that can propose 4 of them."""
     target = tiny_llama(8, 48, 2, 11)

@@ -61,7 +61,7 @@ def pair():
     return tiny_pair(vocab=VOCAB, seed=11)
 
 
-@pytest.mark.slow
+@pytest.mark.stats
 @pytest.mark.parametrize(
     "policy,kw",
     [
@@ -98,7 +98,7 @@ def test_mixed_bias_makes_confidence_stop_sometimes(pair):
     assert 4 in ks and len(ks) > 1, ks
 
 
-@pytest.mark.slow
+@pytest.mark.stats
 @pytest.mark.parametrize("policy", ["fixed", "hf"])
 def test_wrong_rule_is_detected(pair, policy):
     draft, target = pair
@@ -126,7 +126,7 @@ def _moving_drift(draft, moved: list, **kw):
     return m
 
 
-@pytest.mark.slow
+@pytest.mark.stats
 @pytest.mark.parametrize("policy", ["vanilla", "drift", "drift-reference"])
 def test_sampling_is_exact_at_batch_4(pair, policy):
     from tests.drift_books import make_books
@@ -142,7 +142,7 @@ def test_sampling_is_exact_at_batch_4(pair, policy):
     assert p > SIGNIFICANCE, f"output distribution at batch 4 differs from the target's (p = {p:.2e})"
 
 
-@pytest.mark.slow
+@pytest.mark.stats
 def test_wrong_rule_is_detected_at_batch_4(pair):
     draft, target = pair
     p = sampling_p_value(target, lambda: WrongRule(draft), PROMPT, samples=3000, batch=4)

@@ -82,9 +82,10 @@ def test_token_budget_evicts_the_oldest_outputs():
     assert rep["suffix_stream_nodes"] <= 50 * SuffixConfig().max_depth
 
 
+@pytest.mark.stats
 @pytest.mark.parametrize("kw,samples", [
     ({}, 1200),
-    pytest.param({"temperature": 0.7, "top_p": 0.9}, 3000, marks=pytest.mark.slow),
+    pytest.param({"temperature": 0.7, "top_p": 0.9}, 3000),
 ], ids=["T1", "T0.7-top_p0.9"])
 def test_sampling_matches_target(kw, samples):
     """One policy serves all samples, so its stream trie learns from earlier samples' outputs."""

@@ -6,6 +6,7 @@ import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.scale import scaled
 
 from drift_cli.suffix_tree import SuffixCache, SuffixTrie
 
@@ -54,7 +55,7 @@ def assert_matches_brute_force(trie: SuffixTrie, docs: list[list[int]], queries:
 tokens = st.lists(st.integers(0, 2), min_size=0, max_size=18)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=scaled(120), deadline=None)
 @given(
     docs=st.lists(tokens, min_size=1, max_size=4),
     depth=st.integers(1, 6),
@@ -76,7 +77,7 @@ def test_counts_match_brute_force_while_documents_grow_interleaved(docs, depth, 
     assert_matches_brute_force(trie, docs, queries)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=scaled(120), deadline=None)
 @given(
     docs=st.lists(tokens, min_size=1, max_size=6),
     depth=st.integers(1, 6),
@@ -128,7 +129,7 @@ def _brute_draft_steps(docs, pattern, draft, depth, max_spec_factor, min_token_p
     assert abs(draft.score - sum(draft.probs)) < 1e-9
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=scaled(80), deadline=None)
 @given(
     docs=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=25), min_size=1, max_size=3),
     depth=st.integers(2, 8),
@@ -167,7 +168,7 @@ def reference_speculate(trie, pattern, max_tokens, factor, min_prob):
     return (0, []) if best is None else (best[0], best[1].tokens)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=scaled(150), deadline=None)
 @given(
     docs=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1, max_size=3),
     depth=st.integers(1, 10),

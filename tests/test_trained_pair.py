@@ -8,8 +8,6 @@ from drift_cli.bench import BenchConfig, Models, load_stream, resolve_scenario, 
 from drift_cli.models import load_pair
 from drift_cli.zoo import ensure_zoo
 
-pytestmark = pytest.mark.slow      # trains the micro zoo when it is not cached (about a minute)
-
 
 @pytest.fixture(scope="module")
 def micro():

@@ -27,7 +27,7 @@ def micro(zoo_dir):
     return ensure_zoo("micro")
 
 
-@pytest.mark.slow           # trains the micro zoo into a temporary cache (minutes)
+@pytest.mark.zoo_build      # trains the micro zoo into a temporary cache
 def test_checkpoints_load_like_any_hf_checkpoint(micro):
     tok = AutoTokenizer.from_pretrained(str(micro.target))
     for path in (micro.target, micro.draft):
@@ -41,7 +41,7 @@ def test_checkpoints_load_like_any_hf_checkpoint(micro):
     assert tok.decode(tok(text)["input_ids"]) == text        # byte-level: lossless round trip
 
 
-@pytest.mark.slow           # trains the micro zoo into a temporary cache (minutes)
+@pytest.mark.zoo_build      # trains the micro zoo into a temporary cache
 def test_one_tokenizer_shared_by_every_checkpoint(micro):
     reference = (micro.tokenizer / "tokenizer.json").read_bytes()
     offline = ensure_offline_draft("micro", "law", "fkl")
@@ -49,7 +49,7 @@ def test_one_tokenizer_shared_by_every_checkpoint(micro):
         assert (path / "tokenizer.json").read_bytes() == reference
 
 
-@pytest.mark.slow           # trains the micro zoo into a temporary cache (minutes)
+@pytest.mark.zoo_build      # trains the micro zoo into a temporary cache
 def test_manifest_describes_the_build(micro):
     m = json.loads((micro.root / "manifest.json").read_text())
     target = AutoModelForCausalLM.from_pretrained(str(micro.target))
@@ -64,7 +64,7 @@ def test_manifest_describes_the_build(micro):
     assert micro.root.name == f"micro-{m['hash'][:12]}"
 
 
-@pytest.mark.slow           # trains the micro zoo into a temporary cache (minutes)
+@pytest.mark.zoo_build      # trains the micro zoo into a temporary cache
 def test_rebuild_is_a_noop_when_the_recipe_is_unchanged(micro):
     before = {p: p.stat().st_mtime_ns for p in micro.root.rglob("*") if p.is_file()}
     again = ensure_zoo("micro")
@@ -72,7 +72,7 @@ def test_rebuild_is_a_noop_when_the_recipe_is_unchanged(micro):
     assert {p: p.stat().st_mtime_ns for p in micro.root.rglob("*") if p.is_file() and p in before} == before
 
 
-@pytest.mark.slow           # trains the micro zoo into a temporary cache (minutes)
+@pytest.mark.zoo_build      # trains the micro zoo into a temporary cache
 def test_changed_recipe_rebuilds_only_what_it_affects(micro, monkeypatch):
     p = PRESETS["micro"]
     changed = with_overrides(p, draft_train=with_overrides(p.draft_train, steps=p.draft_train.steps - 10))
@@ -86,7 +86,7 @@ def test_changed_recipe_rebuilds_only_what_it_affects(micro, monkeypatch):
     assert m["loss_curves"]["draft"][-1][0] == p.draft_train.steps - 10
 
 
-@pytest.mark.slow           # trains the micro zoo into a temporary cache (minutes)
+@pytest.mark.zoo_build      # trains the micro zoo into a temporary cache
 def test_offline_draft_is_distilled_and_cached(micro):
     path = ensure_offline_draft("micro", "code", "tvd")
     assert path == micro.root / "offline" / "code-tvd"
@@ -102,14 +102,14 @@ def test_offline_draft_is_distilled_and_cached(micro):
                                                                            base.config.num_hidden_layers)
 
 
-@pytest.mark.slow           # trains the micro zoo into a temporary cache (minutes)
+@pytest.mark.zoo_build      # trains the micro zoo into a temporary cache
 def test_on_policy_offline_draft_has_its_own_entry(micro):
     path = ensure_offline_draft("micro", "code", "fkl", on_policy=True)
     assert path.name == "code-fkl-onpolicy"
     assert weights_sha256(path) != weights_sha256(ensure_offline_draft("micro", "code", "fkl"))
 
 
-@pytest.mark.slow           # trains the micro zoo into a temporary cache (minutes)
+@pytest.mark.zoo_build      # trains the micro zoo into a temporary cache
 def test_status_reports_the_current_build(micro):
     s = zoo_status("micro")
     assert s["built"] and s["current_root"] == str(micro.root)
