@@ -92,8 +92,11 @@ def test_the_ci_gate_passes_on_the_committed_pair_beside_a_perturbed_rebuild(tmp
 
 @pytest.mark.slow      # a fine-tune of the target plus the full regression stream
 def test_the_committed_baseline_fails_on_a_changed_target(tmp_path, capsys):
+    """A target fine-tuned on multilingual text: vanilla α 0.063 -> 0.016 and drift 0.657 -> 0.608
+    on this machine. (Fine-tuned on code, the micro target comes closer to its draft instead:
+    vanilla α rose to 0.287.)"""
     code, out, err = run_cli(["zoo", "change-target", "--target", MICRO_FIXTURE / "target",
-                              "--change", "finetune:code", "--json"], capsys)
+                              "--change", "finetune:multilingual", "--json"], capsys)
     assert code == 0, err
     changed = json.loads(out)["path"]
     code, _, err = run_cli(["regress", "check", "--baseline", BASELINE, "--draft", MICRO_FIXTURE / "draft",
