@@ -346,10 +346,20 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
                 gc.unfreeze()   # collectable again (extensions that check for leaks at exit stay quiet)
             if not runs[entry.name].complete:
                 break
+            announce_finished(entry.name)
     except KeyboardInterrupt:
         if not runs:
             raise
     return runs, skipped
+
+
+def announce_finished(name: str) -> None:
+    """With $DRIFT_FINISHED_METHODS_FILE set, append a line naming each method that finished its
+    stream: an event a scheduler (or a test) can wait for instead of guessing from wall time."""
+    path = os.environ.get("DRIFT_FINISHED_METHODS_FILE")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(name + "\n")
 
 
 def run_methods(

@@ -215,13 +215,20 @@ def _check_results(out: Path) -> list[dict]:
     return runs
 
 
-def _signal_run(pair, out: Path, sig: signal.Signals, delay: float, env: dict) -> str:
-    """Sends `sig` to a bench `delay` s after it starts and checks what it left.
+def _signal_run(pair, out: Path, sig: signal.Signals, delay: float | None, env: dict) -> str:
+    """Sends `sig` to a bench `delay` s after it starts (None: as soon as its first method has
+    finished, by the DRIFT_FINISHED_METHODS_FILE event) and checks what it left.
 
     Returns "nothing" (stopped before a method finished), "incomplete" or "complete"."""
-    p = subprocess.Popen(DRIFT + bench_argv(pair, out, "--methods", "vanilla,drift,pld"), env=env, cwd=REPO,
+    finished = out.parent / f"{out.name}.finished"
+    p = subprocess.Popen(DRIFT + bench_argv(pair, out, "--methods", "vanilla,drift,pld"),
+                         env={**env, "DRIFT_FINISHED_METHODS_FILE": str(finished)}, cwd=REPO,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    time.sleep(delay)
+    if delay is None:
+        while p.poll() is None and not (finished.exists() and finished.read_text().strip()):
+            time.sleep(0.01)       # polling an event, bounded by the child's own run
+    else:
+        time.sleep(delay)
     p.send_signal(sig)
     _, err = p.communicate(timeout=300)
     assert "Traceback" not in err, (sig.name, delay, err)
@@ -257,19 +264,11 @@ def test_signals_at_several_points_leave_nothing_or_a_complete_run(pair, tmp_pat
     for sig in (signal.SIGINT, signal.SIGTERM):
         for delay in delays:
             outcomes[sig, delay] = _signal_run(pair, tmp_path / f"{sig.name}-{delay:.2f}", sig, delay, env)
-    # A run's speed varies with the machine's load, so the fixed delays may all miss the window
-    # between the first method's end and the last's. Bisect for a SIGTERM inside it.
-    lo = max((d for (s, d), o in outcomes.items() if o == "nothing"), default=0.0)
-    hi = min((d for (s, d), o in outcomes.items() if o == "complete"), default=2 * duration)
-    seen = "incomplete" in {o for (s, _), o in outcomes.items() if s == signal.SIGTERM}
-    for attempt in range(8):
-        if seen:
-            break
-        delay = (lo + hi) / 2
-        got = _signal_run(pair, tmp_path / f"bisect-{attempt}", signal.SIGTERM, delay, env)
-        seen = got == "incomplete"
-        lo, hi = (delay, hi) if got == "nothing" else (lo, delay) if got == "complete" else (lo, hi)
-    assert seen, f"no SIGTERM landed mid-run in 8 bisection steps between {lo:.2f} s and {hi:.2f} s"
+    # Mid-run, by event rather than by delay: each signal as soon as the first method (ar) has
+    # finished its stream, announced through $DRIFT_FINISHED_METHODS_FILE; three methods remain.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        got = _signal_run(pair, tmp_path / f"{sig.name}-after-ar", sig, None, env)
+        assert got == "incomplete", (sig.name, got)
 
 
 # ---------------------------------------------------------------- crashes
