@@ -27,6 +27,7 @@ from drift_cli.errors import BadInput, CheckFailed
 from drift_cli.atomic import atomic_write_json
 from drift_cli.results import environment
 from drift_cli.stream import Stream
+from drift_cli.zoo.cache import read_json
 
 BASELINE_KIND = "drift-regress-baseline"
 BASELINE_VERSION = 1
@@ -175,17 +176,10 @@ def describe_models(models: Models) -> dict[str, Any]:
     hash in its recipe.json; None for a checkpoint not built by the zoo)."""
     out: dict[str, Any] = {"zoo": models.zoo_preset}
     for role, info in (("draft", models.pair.draft_info), ("target", models.pair.target_info)):
-        recipe = read_json_object(Path(info.path) / "recipe.json")
+        recipe = read_json(Path(info.path) / "recipe.json")
         out[role] = info.to_json() | {"recipe": recipe.get("hash") if recipe else None}
     return out
 
-
-def read_json_object(path: Path) -> dict | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def method_configs(names: list[str]) -> dict[str, Any]:

@@ -15,24 +15,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from drift_cli.cli import main
 from drift_cli.models import fingerprint
 from drift_cli.regress import config_from_baseline, load_baseline
 from tests.pinned import MICRO_FIXTURE, REPO
+from tests.test_regress import flat, run_cli
 
 BASELINE = REPO / "results" / "baselines" / "micro.json"
 SHORT = ["--scenario", "indist", "--split", "dev", "--max-prompts", "2", "--max-new-tokens", "16"]
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def perturbed_copy(source: Path, dest: Path, scale: float = 1e-3) -> Path:
