@@ -277,16 +277,31 @@ def test_local_and_ray_give_identical_cells(micro_built, tmp_path, capsys):
                 assert m[field] == r[field], (key, name, field)
 
 
-def _ray_cell_workers() -> list[int]:
-    pids = []
+def _ray_cell_workers(root_pid: int) -> list[int]:
+    """The pids of running `ray::cell-*` tasks under `root_pid` (its cluster's raylet forks them).
+
+    Only this run's descendants: another test's Ray cluster on the same machine (pytest-xdist runs
+    tests side by side) has cell workers too, and killing one of those fails the wrong test."""
+    parent, cmdline = {}, {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if re.match(rb"ray::cell-", (d / "cmdline").read_bytes()):
-                    pids.append(int(d.name))
-            except OSError:
+                stat = (d / "stat").read_text()
+                parent[int(d.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+                cmdline[int(d.name)] = (d / "cmdline").read_bytes()
+            except (OSError, ValueError, IndexError):
                 pass
-    return pids
+
+    def under_root(pid: int) -> bool:
+        seen = set()
+        while pid > 1 and pid not in seen:
+            if pid == root_pid:
+                return True
+            seen.add(pid)
+            pid = parent.get(pid, 0)
+        return False
+
+    return [pid for pid, cmd in cmdline.items() if re.match(rb"ray::cell-", cmd) and under_root(pid)]
 
 
 @pytest.mark.slow
@@ -299,7 +314,7 @@ def test_a_killed_ray_worker_loses_only_its_cell(micro_built, tmp_path, capsys):
     proc = subprocess.Popen([*DRIFT, "suite", "run", str(p), "--out", str(out), "--executor", "ray", "--jobs", "2",
                              "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: _done(root), 300, "a first finished cell")
-    victim = _wait_for(_ray_cell_workers, 60, "a running cell task")[0]
+    victim = _wait_for(lambda: _ray_cell_workers(proc.pid), 60, "a running cell task of this run")[0]
     os.kill(victim, signal.SIGKILL)
     stdout, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err                      # one cell failed; the others finished
