@@ -6,7 +6,7 @@
 On a GPU both paths are timed with `triton.testing.do_bench` (median and 20/80% quantiles, ms).
 On a CPU the reference and the Rust CPU path run (timed with perf_counter, median of repeats)
 and the output says so: interpreter timings of the kernels mean nothing. Keys are fp16 on the GPU, fp32 on the CPU.
-The DESIGN.md target: under 20 µs per draft token at N=4096, d=2048, m=32 on an H200.
+The performance target: under 20 µs per draft token at N=4096, d=2048, m=32 on an H200.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every metric formula, once. Names match DESIGN.md ("Metrics") and run.json.
+"""Every metric formula, once. Names match run.json's keys (definitions: docs/engine.md).
 
 Inputs are step records (`drift_cli.engine.loop.StepRecord`) and generations; outputs are plain
 numbers and lists, ready for JSON. Functions return None where a metric does not apply

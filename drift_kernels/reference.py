@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 NORM_EPS = 1e-12      # |h| floor before dividing (a zero hidden state gives zero similarities)
-RESIDUAL_CLIP = 10.0  # residuals are clipped to ±10 (DESIGN.md)
+RESIDUAL_CLIP = 10.0  # residuals are clipped to ±10 (the specification of the update)
 
 
 @dataclass

@@ -77,7 +77,7 @@ def test_support_refresh_replaces_the_smallest_bias(backend):
 
 
 def sequential_update(b: DriftBank, h, nb, logp, logq):
-    """DESIGN.md's rule, one matched position at a time (the specification, unbatched)."""
+    """The update rule, one matched position at a time (the specification, unbatched)."""
     for p in range(h.shape[0]):
         i, s = int(nb.idx[p, 0]), float(nb.sim[p, 0])
         assert i >= 0 and s >= b.cfg.tau

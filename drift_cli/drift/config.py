@@ -1,4 +1,4 @@
-"""The DRIFT configuration: every knob of DESIGN.md "DRIFT, precisely" as one dataclass.
+"""The DRIFT configuration: every knob of the DRIFT algorithm (docs/drift.md) as one dataclass.
 
 Defaults are frozen here after tuning on dev streams only (jargon and code dev splits of the
 small zoo build small-ebc8bc8c66e7; the record is in docs/drift.md). Never tune them on test

@@ -18,7 +18,7 @@
 
 /// |h| floor before dividing (a zero hidden state gives zero similarities).
 pub const NORM_EPS: f32 = 1e-12;
-/// Residuals are clipped to ±RESIDUAL_CLIP (DESIGN.md).
+/// Residuals are clipped to ±RESIDUAL_CLIP (the same bound as drift_kernels/reference.py).
 pub const RESIDUAL_CLIP: f32 = 10.0;
 
 const LANES: usize = 8;
