@@ -296,7 +296,7 @@ def test_claims_report_end_to_end_on_micro(tmp_path, capsys):
     rule, table = text.index("**The verdict rule.**"), text.index("| # |")
     assert rule < table and not re.search(r"\d\.\d{3}", text[:rule])   # the rule comes before any number
     row1 = next(line for line in text.splitlines() if line.startswith("| 1 |"))
-    assert "`seeds/000_fee7b5e6130b3396.txt`" in row1 and "vanilla acceptance fell" in row1
+    assert "(*Speculative Decoding Under Distribution Shift: DRIFT Recalibration*)" in row1 and "vanilla acceptance fell" in row1
     m = re.search(r"indist - code \(> 0\): (-?\d\.\d+) \[(-?\d\.\d+), (-?\d\.\d+)\], n = 3 → (\w+)", row1)
     assert m, row1
     mean, lo, hi, v = float(m[1]), float(m[2]), float(m[3]), m[4]

@@ -48,6 +48,9 @@ from drift_cli.suite.spec import Cell, Suite, _label
 SIDES = ("above", "below", "within", "outside")
 VERDICTS = ("confirmed", "refuted", "inconclusive", "not measured")
 DEFAULT_REPEAT = ("shuffle", "seed")
+# The source documents a claim's `seed` names, by title (the report cites the title, not a file)
+SOURCES = {"000_fee7b5e6130b3396.txt": "Speculative Decoding Under Distribution Shift: DRIFT Recalibration",
+           "004_43ee447c85fbbb1f.txt": "Draft-Model Distillation for Speculative Decoding"}
 DEFAULT_OUT = Path("docs/claims.md")
 
 VERDICT_RULE = """\
@@ -561,7 +564,7 @@ def render(suite: Suite, spec: ClaimsSpec, runs: dict[str, RunJson], states: dic
             plot = f"![claim {c.id}]({rel}/claim-{c.id:02d}.png)"
         if c.curve and _plot_curve(res, columns, cols, plot_dir / f"claim-{c.id:02d}-alpha.png"):
             plot += f" ![claim {c.id} α over steps]({rel}/claim-{c.id:02d}-alpha.png)"
-        quote = f"**{c.title}**<br>“{c.quote}” (`seeds/{c.seed}`)"
+        quote = f"**{c.title}**<br>“{c.quote}” (*{SOURCES.get(c.seed, c.seed)}*)"
         figs = []
         for col in columns:
             if not c.parts:
