@@ -7,7 +7,7 @@ import sys
 import click
 from rich.console import Console
 from rich.table import Table
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from drift_cli.atomic import strict_json
 
@@ -16,6 +16,7 @@ err_console = Console(stderr=True)
 
 def rich_progress(transient: bool = True) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(),
                     console=err_console, transient=transient)
 
 

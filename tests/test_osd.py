@@ -292,3 +292,55 @@ def test_cli_flags_parse_into_the_config():
     assert cfg == OSDConfig(interval=math.inf, lr=1e-3, topk=0, all_positions=True, divergence="tvd")
     CliRunner().invoke(cmd, [])
     assert OSDConfig.from_options(seen) == OSDConfig()
+
+
+# -- what an update trains -----------------------------------------------------------------------
+
+SUBSET = sorted(set(range(0, 48, 2)) | {1, 3, 5})
+
+
+def test_a_compact_head_gives_the_full_heads_logits():
+    from drift_cli.engine.head import OutputHead, compact_head
+    from tests.models import tiny_llama
+
+    draft = tiny_llama(48, 32, 2, 1, 4.0)
+    draft.config.draft_vocab_ids = SUBSET
+    small = copy.deepcopy(draft)
+    compact_head(small)
+    hidden = torch.randn(3, 5, 32)
+    assert small.get_output_embeddings().weight.shape == (len(SUBSET), 32)
+    assert torch.equal(OutputHead(small)(hidden), OutputHead(draft)(hidden))
+
+
+@pytest.mark.parametrize("subset", [None, SUBSET])
+def test_train_last_updates_only_the_last_layer_norm_and_head_and_stays_lossless(subset):
+    from dataclasses import replace
+
+    from tests.models import tiny_llama
+
+    draft, target = tiny_llama(48, 32, 2, 1, 4.0), tiny_llama(48, 48, 2, 0, 4.0)
+    if subset:
+        draft.config.draft_vocab_ids = subset
+    shared = _snapshot(draft)
+    stream = _stream([2, 11], max_new=20)
+    dcfg = DecodeConfig(gamma=4, max_new_tokens=20)
+    lm = CausalLM(target, "target")
+    ar = run_stream(lm, Autoregressive(), stream, dcfg)
+    policy = OnlineDistillation(draft, replace(FAST, train="last"))
+    osd = run_stream(lm, policy, stream, dcfg)
+    assert [g.output_ids for g in osd.generations] == [g.output_ids for g in ar.generations]
+    assert osd.report["updates"] > 0
+    learned = policy.student.state_dict()
+    frozen = [k for k in learned if k.startswith(("model.embed_tokens", "model.layers.0."))]
+    assert frozen and all(torch.equal(learned[k], shared[k]) for k in frozen)
+    assert any(not torch.equal(learned[k], shared[k]) for k in learned if k.startswith("model.layers.1."))
+    head = learned["lm_head.weight"]
+    assert head.shape[0] == (len(subset) if subset else 48)
+    assert not torch.equal(head, shared["lm_head.weight"][subset] if subset else shared["lm_head.weight"])
+    layer = sum(p.numel() for p in draft.get_decoder().layers[-1].parameters())
+    assert osd.report["trained_parameters"] == layer + 32 + head.numel()
+    policy.begin_stream()                                          # restored from the shared draft
+    restored = policy.student.state_dict()
+    assert all(torch.equal(v, shared[k][subset] if v.shape != shared[k].shape else shared[k])
+               for k, v in restored.items())
+    assert _same_weights(draft, shared)

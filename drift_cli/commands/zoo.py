@@ -27,16 +27,29 @@ def zoo() -> None:
 @click.option("--divergence", type=click.Choice(DIVERGENCES), default="fkl", show_default=True,
               help="Distillation divergence for --offline drafts.")
 @click.option("--on-policy", is_flag=True, help="Offline drafts also train on their own samples.")
+@click.option("--from-source", is_flag=True,
+              help="A pretrained preset's draft is distilled here, not installed from its shipped tensors.")
+@click.option("--ship", is_flag=True,
+              help="Write the built draft's trained tensors as the preset's shipped draft (drift_cli/zoo/shipped/).")
 @click.option("--json", "as_json", is_flag=True, help="Print the build manifest as JSON.")
-def build(preset: str, offline_scenarios: tuple[str, ...], divergence: str, on_policy: bool, as_json: bool) -> None:
+def build(preset: str, offline_scenarios: tuple[str, ...], divergence: str, on_policy: bool, from_source: bool,
+          ship: bool, as_json: bool) -> None:
     """Build the zoo for PRESET (a no-op when the cached recipe is unchanged)."""
+    from drift_cli.errors import BadInput
     from drift_cli.zoo import ensure_offline_draft, ensure_zoo
     from drift_cli.zoo.cache import read_json
+    from drift_cli.zoo.presets import pretrained_preset
 
+    if ship and pretrained_preset(preset) is None:
+        raise BadInput(f"--ship applies to the pretrained presets; the '{preset}' zoo is built from source")
     with rich_progress(transient=False) as bars:
         progress = ProgressCallback(bars)
-        pair = ensure_zoo(preset, progress=progress)
+        pair = ensure_zoo(preset, progress=progress, from_source=from_source or ship)
         offline = [ensure_offline_draft(preset, s, divergence, on_policy, progress=progress) for s in offline_scenarios]
+    if ship:
+        from drift_cli.zoo.shipped import write_shipped
+
+        Console(stderr=True).print(f"shipped draft written: {write_shipped(preset, pair.draft)}", highlight=False)
     manifest = read_json(pair.root / "manifest.json")
     if as_json:
         click.echo(strict_json(manifest, indent=2, sort_keys=True))

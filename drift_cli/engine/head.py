@@ -30,13 +30,17 @@ class OutputHead:
     """hidden [..., d] -> logits [..., V] (fp32) for one model, full or over its subset.
 
     The subset's rows are gathered once and gathered again only when the weights change in
-    place (OSD's optimiser steps bump the tensor's version counter).
+    place (OSD's optimiser steps bump the tensor's version counter). A *compact* head holds only
+    the subset's rows, in the order of `draft_vocab_ids` (`compact_head`; the layout of EAGLE-3's
+    reduced-vocabulary heads): its weight is used as it is, and the vocabulary size is the config's.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.linear = model.get_output_embeddings()
-        self.vocab_size = self.linear.weight.shape[0]
         ids = vocab_subset(model)
+        rows = self.linear.weight.shape[0]
+        self.compact = ids is not None and rows == len(ids) and rows != model.config.vocab_size
+        self.vocab_size = model.config.vocab_size if self.compact else rows
         self.ids = None if ids is None else torch.tensor(ids, dtype=torch.long, device=self.linear.weight.device)
         self._rows: torch.Tensor | None = None
         self._version = -1
@@ -47,6 +51,8 @@ class OutputHead:
 
     def _subset_rows(self) -> torch.Tensor:
         w = self.linear.weight
+        if self.compact:
+            return w if torch.is_grad_enabled() and w.requires_grad else w.detach()
         if self._rows is None or self._version != w._version:
             self._rows = w.detach()[self.ids].contiguous()                     # [K, d]
             self._version = w._version
@@ -55,7 +61,7 @@ class OutputHead:
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.ids is None:
             return self.linear(hidden).float()
-        if torch.is_grad_enabled() and self.linear.weight.requires_grad:
+        if not self.compact and torch.is_grad_enabled() and self.linear.weight.requires_grad:
             rows = self.linear.weight[self.ids]                                # differentiable gather
         else:
             rows = self._subset_rows()
@@ -67,3 +73,17 @@ class OutputHead:
 def head_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """One-off logits (training code): the same distribution as the engine's `OutputHead`."""
     return OutputHead(model)(hidden)
+
+
+def compact_head(model: torch.nn.Module) -> None:
+    """Replace a subset draft's full output matrix by its subset's rows, in place (a [K, d] layer
+    in place of [V, d]): the same logits, and a K-row parameter to train instead of V rows."""
+    ids = vocab_subset(model)
+    linear = model.get_output_embeddings()
+    if ids is None or linear.weight.shape[0] == len(ids):
+        return
+    rows = linear.weight.detach()[torch.tensor(ids, device=linear.weight.device)].clone()
+    small = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
+    with torch.no_grad():
+        small.weight.copy_(rows)
+    model.set_output_embeddings(small)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from drift_cli.engine.head import compact_head, vocab_subset
 from drift_cli.errors import BadInput
 from drift_cli.methods.base import Feedback, MethodContext, ModelDraftPolicy, Rows, as_rows
 from drift_cli.osd.buffer import ReplayBuffer, entries_from_feedback, target_temperature
@@ -33,10 +34,18 @@ class OnlineDistillation(ModelDraftPolicy):
 
     def __init__(self, draft: torch.nn.Module, cfg: OSDConfig = OSDConfig(), seed: int = 0) -> None:
         self.shared = draft                                   # read only: the reset point of every stream
+        cfg = cfg.validate()
         student = copy.deepcopy(draft)
-        student.requires_grad_(True)
+        student.requires_grad_(cfg.train == "all")
+        if cfg.train == "last":
+            compact_head(student)                             # a subset head trains K rows, not V
+            decoder = student.get_decoder()
+            for part in (decoder.layers[-1], decoder.norm, student.get_output_embeddings()):
+                part.requires_grad_(True)
         super().__init__(student)
-        self.student, self.cfg, self.seed = student, cfg.validate(), seed
+        self.student, self.cfg, self.seed = student, cfg, seed
+        subset = vocab_subset(draft)
+        self._subset = None if subset is None else torch.tensor(subset, device=self.lm.device)
         self.device = self.lm.device
         self._fresh_state()
 
@@ -59,8 +68,10 @@ class OnlineDistillation(ModelDraftPolicy):
     def begin_stream(self) -> None:
         """Every stream starts from the shared draft: restore the copy, empty buffer and optimizer."""
         with torch.no_grad():
-            for mine, theirs in zip(self.student.parameters(), self.shared.parameters(), strict=True):
-                mine.copy_(theirs)
+            shared = dict(self.shared.named_parameters())
+            for name, mine in self.student.named_parameters():
+                theirs = shared[name]
+                mine.copy_(theirs if theirs.shape == mine.shape else theirs[self._subset])   # a compact head
         self._fresh_state()
 
     def commit(self, context: Rows) -> None:
@@ -127,6 +138,7 @@ class OnlineDistillation(ModelDraftPolicy):
             "buffer_added": self.buffer.added,
             "buffer_bytes": buffer,
             "draft_copy_bytes": params,
+            "trained_parameters": sum(p.numel() for p in self.trainer.params),
             "optimizer_state_bytes": optimizer,
             "gradient_bytes": s.gradient_bytes,
             # Memory osd holds beyond vanilla: its own draft copy, AdamW moments, the buffer, and

@@ -11,6 +11,9 @@ from drift_cli.knobs import Settings, at_least, knob
 
 
 
+TRAINED = ("all", "last")
+
+
 def _whole_or_inf(x: float) -> bool:
     return x >= 1 and (math.isinf(x) or float(x).is_integer())
 
@@ -35,6 +38,10 @@ class OSDConfig(Settings):
                      ok=at_least(0), rule="must be >= 0 (0 = full distribution)")
     all_positions: bool = knob(False, "--osd-all-positions",
                                "OSD: buffer every drafted position, not only the rejected one")
+    # what an update trains: every parameter, or the last decoder layer, the final norm and the head
+    # (a subset draft's head as its subset's rows); docs/osd.md, "What an update trains"
+    train: str = knob("all", "--osd-train", "OSD: what an update trains: all (every draft parameter) or last "
+                      "(the last decoder layer, the final norm and the head)", choices=TRAINED)
     divergence: str = divergence_knob()   # loss between the target's and the draft's distributions
     weight_decay: float = 0.0    # AdamW decoupled weight decay (OSD's online path: HF Trainer default 0)
 

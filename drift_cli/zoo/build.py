@@ -209,12 +209,14 @@ def _is_built(root: Path, root_hash: str, recipes: dict) -> bool:
         all(cache.component_matches(root / k, recipes[k]["hash"]) for k in COMPONENTS)
 
 
-def ensure_zoo(preset: str = "small", progress: Progress | None = None) -> ZooPair:
-    """The zoo for `preset`, built (or completed) if missing; a no-op when the recipe is unchanged."""
+def ensure_zoo(preset: str = "small", progress: Progress | None = None, from_source: bool = False) -> ZooPair:
+    """The zoo for `preset`, built (or completed) if missing; a no-op when the recipe is unchanged.
+    `from_source`: a pretrained preset's draft is distilled here, not installed from the shipped
+    tensors (the toy zoos are always built from source)."""
     if (pretrained := pretrained_preset(preset)) is not None:
         from drift_cli.zoo.pretrained import ensure_pretrained_zoo
 
-        return ZooPair(**vars(ensure_pretrained_zoo(pretrained, progress)))
+        return ZooPair(**vars(ensure_pretrained_zoo(pretrained, progress, from_source)))
     p = get_preset(preset)
     target_docs, draft_docs = _training_documents()
     recipes = base_recipes(p, cache.documents_hash(target_docs), cache.documents_hash(draft_docs))

@@ -42,21 +42,32 @@ def recipe_hash(recipe: dict) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
 
 
-def build_threads() -> int:
-    """Intra-op CPU threads for a build: $DRIFT_TRAIN_THREADS, default 1. The thread count fixes
-    the order of float reductions, so it is part of a trained component's recipe (`seal`)."""
-    text = os.environ.get("DRIFT_TRAIN_THREADS", "1")
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def build_threads(default: int = 1) -> int:
+    """Intra-op CPU threads for a build: $DRIFT_TRAIN_THREADS, else `default` (1 for the toy zoos,
+    every available core for the pretrained presets' drafts). The thread count fixes the order of
+    float reductions: a toy zoo records it in its recipe (`seal`), a pretrained build in its
+    build.json (its recipe names what is built, as the same recipe on another CPU also rounds
+    differently)."""
+    text = os.environ.get("DRIFT_TRAIN_THREADS", str(default))
     if not text.strip().isdigit() or not 1 <= int(text) <= 1024:
         raise BadInput(f"DRIFT_TRAIN_THREADS must be an integer from 1 to 1024 (got {text!r})")
     return int(text)
 
 
-def seal(recipe: dict) -> dict:
+def seal(recipe: dict, record_threads: bool = True) -> dict:
     """A trained component's recipe with its build thread count and its hash. One thread, the
     default, stays out of the recipe, so the recipes built before the count was recorded keep
-    their hash."""
+    their hash; `record_threads=False` (the pretrained presets) leaves the count out always."""
     threads = build_threads()
-    if threads != 1:
+    if record_threads and threads != 1:
         recipe["threads"] = threads
     recipe["hash"] = recipe_hash(recipe)
     return recipe

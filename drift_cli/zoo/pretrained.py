@@ -17,6 +17,7 @@ the training documents' hash; an offline draft adds the base draft's hash and it
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import time
@@ -284,6 +285,28 @@ def agreement(draft: torch.nn.Module, labels: Labels) -> float:
 
 # ---- components --------------------------------------------------------------------------------
 
+class StepClock:
+    """Each build step's wall and CPU time (CPU: the whole process, every thread) for build.json."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, dict[str, float]] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.steps[name] = {"wall_s": round(time.perf_counter() - wall, 2),
+                                "cpu_s": round(time.process_time() - cpu, 2)}
+
+
+def build_threads() -> int:
+    """A pretrained build's intra-op threads: $DRIFT_TRAIN_THREADS, else every available core
+    (label scoring and distillation are batched matrix products that scale with them)."""
+    return cache.build_threads(default=cache.available_cores())
+
+
 def _build(final: Path, recipe: dict, build) -> None:
     with cache.atomic_directory(final) as tmp:
         start, cpu = time.perf_counter(), time.process_time()
@@ -303,19 +326,25 @@ def _train_draft(p: PretrainedPreset, target: torch.nn.Module, tokenizer, draft:
                  docs, recipe: KDRecipe, kind: str, on_policy: bool, out: Path, progress, label: str,
                  revocab: bool = False) -> dict:
     train_docs, check_docs = _split(docs)
-    labels = build_labels(target, tokenizer, train_docs, recipe.data, recipe.seed, progress, label,
-                          generator=draft if on_policy else None)
-    check = build_labels(target, tokenizer, check_docs,
-                         LabelledData(0, 16 * recipe.data.seq_len, recipe.data.seq_len, recipe.data.prefix_len,
-                                      16, 1), recipe.seed + 1, None, label)
+    clock = StepClock()
+    with clock("labels"):
+        labels = build_labels(target, tokenizer, train_docs, recipe.data, recipe.seed, progress, label,
+                              generator=draft if on_policy else None)
+    with clock("check labels"):
+        check = build_labels(target, tokenizer, check_docs,
+                             LabelledData(0, 16 * recipe.data.seq_len, recipe.data.seq_len, recipe.data.prefix_len,
+                                          16, 1), recipe.seed + 1, progress, f"{label} check")
     if draft is None:
         vocab = frequent_tokens(labels, p.draft.vocab, target.config.vocab_size) if p.draft.vocab else None
         draft = cut_draft(target, p.draft.layers, vocab)
     elif revocab and vocab_subset(draft):
         rechoose_vocabulary(draft, labels)
-    before = agreement(draft, check)
-    curve = distill_on_labels(draft, labels, recipe, kind, progress, label)
-    after = agreement(draft, check)
+    with clock("agreement before"):
+        before = agreement(draft, check)
+    with clock("distill"):
+        curve = distill_on_labels(draft, labels, recipe, kind, progress, f"{label} distill")
+    with clock("agreement after"):
+        after = agreement(draft, check)
     draft.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     covered = getattr(draft.config, VOCAB_SUBSET_KEY, None)
@@ -328,13 +357,13 @@ def _train_draft(p: PretrainedPreset, target: torch.nn.Module, tokenizer, draft:
             "layers": draft.config.num_hidden_layers, "vocab": len(covered) if covered else draft.config.vocab_size,
             "label_tokens": int(labels.mask.sum()), "loss_curve": curve,
             "agreement_before": round(before, 4), "agreement_after": round(after, 4),
-            "target_argmax_in_vocab": coverage}
+            "target_argmax_in_vocab": coverage, "threads": torch.get_num_threads(), "steps": clock.steps}
 
 
 def _draft_recipe(p: PretrainedPreset, target_sha: str, docs_hash: str) -> dict:
     r = {"component": "draft", "code_version": cache.CODE_VERSION, "preset": p.name, "target": target_sha,
          "draft": asdict(p.draft), "train": asdict(p.draft_train), "data": docs_hash}
-    return cache.seal(r)
+    return cache.seal(r, record_threads=False)
 
 
 def _current_recipe(p: PretrainedPreset) -> tuple[Path, dict, Path]:
@@ -361,23 +390,36 @@ def pretrained_status(p: PretrainedPreset) -> dict:
             "built": cache.component_matches(current / "draft", recipe["hash"]), "builds": builds}
 
 
-def ensure_pretrained_zoo(p: PretrainedPreset, progress: Progress | None = None) -> PretrainedPair:
+def ensure_pretrained_zoo(p: PretrainedPreset, progress: Progress | None = None,
+                          from_source: bool = False) -> PretrainedPair:
+    """The preset's pair; its draft installed from the shipped tensors when their recipe is the
+    current one (`drift_cli.zoo.shipped`), else distilled here. `from_source`: distil it here
+    even then (and replace a cached draft that was installed from the shipped tensors)."""
     from drift_cli.scenarios import documents
+    from drift_cli.zoo import shipped
 
     file, recipe, root = _current_recipe(p)
     target_dir, sha = gguf.checkpoint(file, "target")
     docs = list(documents(DRAFT_DATA_SCENARIO, "train"))
     pair = PretrainedPair(p.name, root, target_dir, file, root / "draft")
-    if cache.component_matches(pair.draft, recipe["hash"]):
+
+    def current() -> bool:
+        return (cache.component_matches(pair.draft, recipe["hash"])
+                and not (from_source and shipped.is_installed_from_shipped(pair.draft)))
+
+    if current():
         return pair
-    with cache.build_lock(p.name), cpu_threads():
-        if not cache.component_matches(pair.draft, recipe["hash"]):
+    with cache.build_lock(p.name), cpu_threads(build_threads()):
+        if not current():
             target, tok = _load(target_dir), AutoTokenizer.from_pretrained(str(target_dir))
             if p.draft.layers >= target.config.num_hidden_layers:
                 raise BadInput(f"zoo '{p.name}': a draft of {p.draft.layers} layers is not smaller than its "
                                f"{target.config.num_hidden_layers}-layer target")
-            _build(pair.draft, recipe, lambda out: _train_draft(
-                p, target, tok, None, docs, p.draft_train, "fkl", False, out, progress, "draft"))
+            if not from_source and (shipped.shipped_recipe(p.name) or {}).get("hash") == recipe["hash"]:
+                _build(pair.draft, recipe, lambda out: shipped.install_shipped(p.name, target, tok, p.draft.layers, out))
+            else:
+                _build(pair.draft, recipe, lambda out: _train_draft(
+                    p, target, tok, None, docs, p.draft_train, "fkl", False, out, progress, "draft"))
             cache.write_json_atomic(root / "manifest.json", {
                 "preset": p.name, "hash": recipe["hash"], "target": {"gguf": str(file), "sha256": sha},
                 "recipe": recipe, "draft": cache.read_json(pair.draft / "build.json")})
@@ -396,11 +438,11 @@ def ensure_pretrained_offline(p: PretrainedPreset, scenario: str, divergence_kin
               "distill": asdict(p.offline), "data": cache.documents_hash(docs)}
     if p.offline_vocab != "base":
         recipe["vocab"] = p.offline_vocab     # absent for "base": the recipes built before it keep their hash
-    cache.seal(recipe)
+    cache.seal(recipe, record_threads=False)
     final = pair.root / "offline" / cache.offline_name(scenario, divergence_kind, on_policy)
     if cache.component_matches(final, recipe["hash"]):
         return final
-    with cache.build_lock(f"{p.name}-offline"), cpu_threads():
+    with cache.build_lock(f"{p.name}-offline"), cpu_threads(build_threads()):
         if not cache.component_matches(final, recipe["hash"]):
             target_dir, _ = gguf.checkpoint(pair.target, "target")
             target, tok = _load(target_dir), AutoTokenizer.from_pretrained(str(target_dir))

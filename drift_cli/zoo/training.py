@@ -24,15 +24,15 @@ def training_device() -> torch.device:
 
 
 @contextlib.contextmanager
-def cpu_threads():
-    """A deterministic build: the recipe's intra-op thread count (`cache.build_threads`, default 1:
-    on a shared 2-core machine one thread per process is also much faster than two oversubscribed
+def cpu_threads(threads: int | None = None):
+    """A deterministic build: `threads` intra-op threads (default `cache.build_threads()`, 1: on a
+    shared 2-core machine one thread per process is also much faster than two oversubscribed
     ones) and torch's deterministic algorithms, so that one machine gives the same bytes whatever
     its load. Another CPU may still round differently: a pinned pair is files, not a recipe."""
     from drift_cli.zoo.cache import build_threads
 
     old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(build_threads())
+    torch.set_num_threads(threads or build_threads())
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield
