@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.test_suite import _wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_S = 120   # generous: only a broken lock would take this long
@@ -58,13 +59,6 @@ def waiting_on_flock(pid: int) -> bool:
     return False
 
 
-def wait_for(condition, what: str) -> None:
-    end = time.monotonic() + DEADLINE_S
-    while not condition():
-        assert time.monotonic() < end, f"no {what} within {DEADLINE_S} s"
-        time.sleep(0.05)
-
-
 @pytest.mark.skipif(shutil.which("make") is None or shutil.which("flock") is None, reason="needs make and flock")
 def test_two_setups_at_once_both_succeed_and_install_once(tmp_path):
     if subprocess.run([str(ROOT / "scripts/install-data-deps.sh"), "--check"], capture_output=True).returncode:
@@ -78,9 +72,9 @@ def test_two_setups_at_once_both_succeed_and_install_once(tmp_path):
     first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     second = None
     try:
-        wait_for(lambda: Path(f"{go}.first").exists(), "first pip call")
+        _wait_for(lambda: Path(f"{go}.first").exists(), DEADLINE_S, "the first pip call")
         second = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        wait_for(lambda: waiting_on_flock(second.pid), "second set-up waiting on the lock")
+        _wait_for(lambda: waiting_on_flock(second.pid), DEADLINE_S, "the second set-up waiting on the lock")
         go.touch()
         out1, _ = first.communicate(timeout=DEADLINE_S)
         out2, _ = second.communicate(timeout=DEADLINE_S)
