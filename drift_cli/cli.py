@@ -110,7 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.UsageError as e:
         err_console.print(f"error: {e.format_message()}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except click.exceptions.Abort:   # Click's name for a KeyboardInterrupt (SIGINT or SIGTERM)
+    except click.exceptions.Abort as e:   # Click's name for a KeyboardInterrupt (SIGINT or SIGTERM)
+        if isinstance(e.__cause__, EOFError):   # ... and for an EOFError, which no signal raised
+            raise e.__cause__ from None
         err_console.print("interrupted")
         sys.exit(interrupt.exit_code())
     except (BadInput, CheckFailed) as e:

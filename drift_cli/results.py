@@ -90,14 +90,14 @@ def new_run_id(label: str) -> str:
 def check_writable(out: Path) -> Path:
     """Fail early (BadInput) when the output directory cannot be created or written."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"output directory {out} exists and is not a directory")
-    try:
+    try:   # exists() itself raises for a name too long (ENAMETOOLONG), as mkdir does
+        if out.exists() and not out.is_dir():
+            raise BadInput(f"output directory {out} exists and is not a directory")
         out.mkdir(parents=True, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=out, prefix=".probe.", delete=True)
         probe.close()
     except OSError as e:
-        raise BadInput(f"output directory {out} is not writable: {e.strerror or e}") from e
+        raise BadInput(f"output directory {out} is not writable: {e.strerror or e}") from None
     return out
 
 

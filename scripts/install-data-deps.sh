@@ -2,19 +2,28 @@
 # Install the OS packages the default scenario suite extracts text from (Debian/Ubuntu).
 # Idempotent and fast when everything is present: apt is only called for missing packages.
 # Usage: scripts/install-data-deps.sh [--check]   (--check: list missing packages, exit 1 if any)
+# Two set-ups at once (two clones, CI beside a working tree): the second waits for the first
+# (a lock of this script's own), then finds the packages present. apt's own lock, held by some
+# other apt or dpkg, is waited for up to DRIFT_APT_LOCK_WAIT seconds (default 600), then this
+# fails with one line.
 set -eu
 
 PACKAGES="fortunes dict-gcide dict-foldoc jargon-text manpages-de manpages-fr manpages-es"
 # Always present on Debian: base-files (common-licenses, copyright files), dpkg (changelogs),
 # libpython3.X-stdlib (the code scenario).
+LOCK_WAIT="${DRIFT_APT_LOCK_WAIT:-600}"
+SCRIPT_LOCK="${TMPDIR:-/tmp}/drift-bench-data-deps.lock"
 
-missing=""
-for p in $PACKAGES; do
-    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-        missing="$missing $p"
-    fi
-done
+find_missing() {
+    missing=""
+    for p in $PACKAGES; do
+        if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+            missing="$missing $p"
+        fi
+    done
+}
 
+find_missing
 if [ -z "$missing" ]; then
     echo "data deps: all present ($PACKAGES)"
     exit 0
@@ -31,7 +40,45 @@ SUDO=""
 if [ "$(id -u)" != "0" ]; then
     SUDO="sudo"
 fi
+busy() {
+    echo "data deps: apt is busy (its lock is held by another apt or dpkg) after waiting ${LOCK_WAIT}s;" \
+         "run the set-up again when that one is done (DRIFT_APT_LOCK_WAIT=SECONDS waits longer)" >&2
+    exit 1
+}
+
+# one install of ours at a time: a second set-up waits here, then finds the packages present
+if command -v flock >/dev/null 2>&1; then
+    exec 9>>"$SCRIPT_LOCK"
+    flock -w "$LOCK_WAIT" 9 || busy
+    find_missing
+    if [ -z "$missing" ]; then
+        echo "data deps: all present, installed by a set-up that ran at the same time"
+        exit 0
+    fi
+fi
+
+# apt-get, waiting for apt's lock up to the deadline (DPkg::Lock::Timeout where apt knows it,
+# and a retry here for the package lists' lock, which older apts do not wait for)
+deadline=$(( $(date +%s) + LOCK_WAIT ))
+apt_get() {
+    while :; do
+        err="$(mktemp)"
+        if DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout="$LOCK_WAIT" "$@" 2>"$err"; then
+            rm -f "$err"
+            return 0
+        fi
+        if ! grep -q "Could not get lock\|Unable to acquire the dpkg frontend lock\|Unable to lock" "$err"; then
+            cat "$err" >&2
+            rm -f "$err"
+            exit 1
+        fi
+        rm -f "$err"
+        [ "$(date +%s)" -lt "$deadline" ] || busy
+        sleep 2   # the lock's holder is another process: poll until the deadline
+    done
+}
+
 echo "data deps: installing$missing"
 # dictd is what the dict-* packages depend on; its service is not needed (policy-rc.d may deny it)
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+apt_get update -qq
+apt_get install -y -qq --no-install-recommends $missing

@@ -8,6 +8,7 @@ The subprocess signal, crash and fuzz tests are in test_hostile_faults.py.
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 import math
 import os
@@ -37,14 +38,14 @@ def run_cli(args, capsys):
     return exc.value.code, out, err
 
 
-def base(pair, out, *extra):
+def base(pair, out, *extra, corpus=CORPUS):
     d, t = pair
-    return ["--corpus", CORPUS, "--draft", d, "--target", t, "--max-prompts", "2", "--max-new-tokens", "8",
+    return ["--corpus", corpus, "--draft", d, "--target", t, "--max-prompts", "2", "--max-new-tokens", "8",
             "--out", out, *extra]
 
 
-def bench(pair, out, *extra):
-    return ["bench", *base(pair, out), "--no-control", *extra]
+def bench(pair, out, *extra, corpus=CORPUS):
+    return ["bench", *base(pair, out, corpus=corpus), "--no-control", *extra]
 
 
 def assert_one_line(code, err, fragment, want=2):
@@ -144,6 +145,20 @@ def places(tmp_path):
     p["list_run"].mkdir()
     (p["list_run"] / "run.json").write_text("[1, 2, 3]\n")
     p["loop"].symlink_to(p["loop"].name)
+    text = "".join(f"Paragraph {i}: {os.urandom(600).hex()}\n\n" for i in range(20)).encode()
+    p["gzip_magic"] = tmp_path / "magic.txt"                 # gzip's magic bytes, then plain text
+    p["gzip_magic"].write_bytes(b"\x1f\x8b" + text)
+    p["gzip_corrupt"] = tmp_path / "corrupt.txt"             # a gzip header, then no valid deflate data
+    p["gzip_corrupt"].write_bytes(gzip.compress(text)[:10] + b"\xff" * 64)
+    p["gzip_truncated_dir"] = tmp_path / "truncdir"           # a good corpus file beside a cut-off gzip
+    p["gzip_truncated_dir"].mkdir()
+    (p["gzip_truncated_dir"] / "good.txt").write_bytes(text)
+    (p["gzip_truncated_dir"] / "cut.txt.gz").write_bytes(gzip.compress(text)[:2000])
+    p["latin1"] = tmp_path / "latin1.txt"
+    p["latin1"].write_bytes(text + "caf\u00e9\n".encode("latin-1"))
+    p["long_name"] = tmp_path / ("n" * 300)
+    p["long_path"] = tmp_path.joinpath(*["d" * 200] * 25)     # every name fits; the whole path does not
+    p["under_file"] = p["text"] / "runs"
     return p
 
 
@@ -174,6 +189,17 @@ CASES = [
      "is not a regular file"),
     ("corpus symlink loop", lambda P, T, X: ["bench", "--corpus", X["loop"], "--draft", P[0], "--target", P[1]],
      "Symlink loop"),
+    ("corpus gzip magic, not gzip", lambda P, T, X: bench(P, T, corpus=X["gzip_magic"]),
+     "magic.txt: starts with gzip's magic bytes but is not a valid gzip stream"),
+    ("corpus corrupt gzip", lambda P, T, X: bench(P, T, corpus=X["gzip_corrupt"]),
+     "corrupt.txt: starts with gzip's magic bytes but is not a valid gzip stream"),
+    ("corpus dir, truncated gzip", lambda P, T, X: bench(P, T, corpus=X["gzip_truncated_dir"]),
+     "cut.txt.gz: starts with gzip's magic bytes but is not a valid gzip stream"),
+    ("corpus not UTF-8", lambda P, T, X: bench(P, T, corpus=X["latin1"]),
+     "latin1.txt: not UTF-8 text"),
+    ("out name too long", lambda P, T, X: bench(P, X["long_name"]), "File name too long"),
+    ("out path too long", lambda P, T, X: bench(P, X["long_path"]), "File name too long"),
+    ("out under a file", lambda P, T, X: bench(P, X["under_file"]), "Not a directory"),
     ("report a text file", lambda P, T, X: ["report", X["text"]], "is not a run.json"),
     ("report binary run.json", lambda P, T, X: ["report", X["binary_run"]], "is not a run.json"),
     ("report list run.json", lambda P, T, X: ["report", X["list_run"]], "is not a run.json"),
@@ -194,6 +220,17 @@ def test_hostile_argv_is_one_line_and_exit_2(case, pair, tmp_path, places, capsy
     assert_one_line(code, err, fragment.format(dir=places["dir"]))
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("run.json"))
     assert stat.S_ISFIFO(os.stat(places["fifo"]).st_mode) and places["dir"].is_dir()
+
+
+def test_an_eof_error_is_not_reported_as_an_interrupt(pair, tmp_path, monkeypatch, capsys):
+    """Click turns an EOFError into the Abort it uses for Ctrl-C: without a signal it is no
+    "interrupted" and no 130 (what a scheduler would read as a Ctrl-C), but the error itself."""
+    def eof(*a, **kw):
+        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+    monkeypatch.setattr("drift_cli.bench.run_bench", eof)
+    with pytest.raises(EOFError, match="end-of-stream"):
+        main([str(a) for a in bench(pair, tmp_path / "runs")])
+    assert "interrupted" not in capsys.readouterr().err
 
 
 @pytest.fixture

@@ -203,8 +203,9 @@ def test_run_resume_report_and_a_failing_cell(micro_built, tmp_path, capsys):
 
 
 def _wait_for(predicate, timeout: float, what: str):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
+    """Poll predicate until it holds (returning its value); the deadline is only a hang guard."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
         got = predicate()
         if got:
             return got
@@ -244,10 +245,16 @@ def test_sigint_keeps_finished_cells_and_a_rerun_runs_only_the_missing(micro_bui
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([*DRIFT, "suite", "run", str(p), "--out", str(out), *executor], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for(lambda: _done(root), 300, "a first finished cell")   # Ray starts slowly on a loaded machine
-    during = _states(p, out, capsys)
+    def mid_run():
+        """The states once a cell is done and one running, with two not done (so the run cannot
+        finish between this look and the signal); fails at once if the run has ended."""
+        assert proc.poll() is None, "the suite ended before it was interrupted"
+        st = _states(p, out, capsys)
+        return st if "done" in st and "running" in st and len(st) - st.count("done") >= 2 else None
+
+    during = _wait_for(mid_run, 600, "a finished cell beside a running one")   # Ray starts slowly
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert "running" in during and "done" in during

@@ -12,7 +12,62 @@ from dataclasses import dataclass
 import torch
 
 
-NUCLEUS_CANDIDATES = 64   # the top-p filter's first guess at the nucleus size (grown x8 when short)
+NUCLEUS_CANDIDATES = 64   # the top-p filter's first guess at the nucleus size
+NUCLEUS_BINS = 256        # logit bins of the second guess, spanning NUCLEUS_SPAN below the top logit
+NUCLEUS_SPAN = 32.0
+NUCLEUS_MARGIN = 1e-3     # mass the second guess holds beyond top_p (float32 cumsum rounding)
+NUCLEUS_SORT_FRACTION = 0.85  # a second guess above this share of V sorts instead (a top-k that wide costs a sort)
+NUCLEUS_FLAT_SHARE = 4        # a row that provably needs more than V / this beyond the first guess is sorted
+NUCLEUS_COUNT_VOCAB = 32768   # below this vocabulary a full sort costs no more than the counting pass's small ops
+
+
+def _ranked(logits: torch.Tensor, log_z: torch.Tensor, k: int):
+    """(ranked [..., k], order [..., k], mass ranked before each) of the top k logits (k = V: a full sort)."""
+    v = logits.shape[-1]
+    ranked, order = torch.topk(logits, k, dim=-1) if k < v else torch.sort(logits, dim=-1, descending=True)
+    p = (ranked - log_z).exp()
+    return ranked, order, p.cumsum(dim=-1) - p
+
+
+def _holds(before: torch.Tensor, top_p: float) -> bool:
+    """Whether candidates hold the nucleus: the mass before the last one already reaches top_p."""
+    return bool((before[..., -1] >= top_p).all())
+
+
+def _second_guess(logits: torch.Tensor, log_z: torch.Tensor, first: torch.Tensor, top_p: float) -> int:
+    """A candidate count that holds the nucleus of every row, from one counting pass (V: sort).
+
+    `first` [..., k] are the first guess's ranked logits. Every token after them is at most as
+    likely as the last, so a row still needs at least (top_p - their mass) / (its probability)
+    more tokens; when that bound is already over V / NUCLEUS_FLAT_SHARE the row is flat and the
+    nucleus most likely more than NUCLEUS_SORT_FRACTION of V: sort without counting. Otherwise each
+    row's logits are counted, with their probabilities, in NUCLEUS_BINS bins below its top logit;
+    the bins are monotone in the logit, so the tokens of the first j bins are exactly the
+    top-(their count) tokens. The count through the first bin whose cumulative mass reaches
+    top_p + NUCLEUS_MARGIN, plus one (so the mass before the last candidate reaches top_p), is
+    the guess.
+    """
+    v = logits.shape[-1]
+    p_first = (first - log_z).exp()
+    needed = (top_p - p_first.sum(dim=-1)) / p_first[..., -1]
+    if float(needed.max()) > v / NUCLEUS_FLAT_SHARE:
+        return v
+    rows = logits.reshape(-1, v)
+    n = rows.shape[0]
+    top = first[..., :1]
+    scale = NUCLEUS_BINS / NUCLEUS_SPAN
+    bins = torch.sub(top.reshape(-1, 1) * scale, rows, alpha=scale).clamp_(0, NUCLEUS_BINS - 1).to(torch.int32)
+    if n > 1:
+        bins += torch.arange(n, dtype=torch.int32)[:, None] * NUCLEUS_BINS
+    bins = bins.flatten()
+    p = (rows - log_z.reshape(-1, 1)).exp_().flatten()
+    mass = torch.bincount(bins, weights=p, minlength=n * NUCLEUS_BINS).view(n, NUCLEUS_BINS)[:, :-1]
+    count = torch.bincount(bins, minlength=n * NUCLEUS_BINS).view(n, NUCLEUS_BINS)[:, :-1]
+    enough = mass.cumsum(-1) >= top_p + NUCLEUS_MARGIN          # the last, open-ended bin is no bound
+    if not bool(enough.any(dim=-1).all()):
+        return v
+    reached = enough.int().argmax(dim=-1, keepdim=True)         # each row's first bin that reaches it
+    return min(v, int(count.cumsum(-1).gather(-1, reached).max()) + 1)
 
 
 def nucleus(logits: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,23 +77,25 @@ def nucleus(logits: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Ten
     order [..., k] their token ids). A token is in the nucleus when the probability of the tokens
     ranked before it is below top_p, so the most likely token always is.
 
-    On the CPU only the top `NUCLEUS_CANDIDATES` logits are ranked (a partial sort). They
-    provably hold the nucleus when the mass before the last candidate already reaches top_p;
-    otherwise the candidates grow x8 until that holds or they are the whole vocabulary.
-    Probabilities are normalised over the full vocabulary either way, so the nucleus is the one a
-    full sort gives. On CUDA the full sort is used: the size check would synchronise the device at
-    every draft token.
+    On the CPU the top `NUCLEUS_CANDIDATES` logits are ranked first (a partial sort). They
+    provably hold the nucleus when the mass before the last candidate already reaches top_p.
+    Otherwise one counting pass bounds the nucleus size (`_second_guess`); a bound up to
+    NUCLEUS_SORT_FRACTION of V is ranked by a second top-k, a larger one (a flat row) by the full
+    sort, which is also the fallback should the second guess not hold. So the worst case is the
+    first guess, the counting pass and one full sort. Probabilities are normalised over the full
+    vocabulary either way, so the nucleus is the one a full sort gives. On CUDA the full sort is
+    used: the size checks would synchronise the device at every draft token.
     """
     v = logits.shape[-1]
     log_z = torch.logsumexp(logits, dim=-1, keepdim=True)
     k = v if logits.is_cuda else min(v, NUCLEUS_CANDIDATES)
-    while True:
-        ranked, order = torch.topk(logits, k, dim=-1) if k < v else torch.sort(logits, dim=-1, descending=True)
-        p = (ranked - log_z).exp()
-        before = p.cumsum(dim=-1) - p                                 # mass ranked before each candidate
-        if k == v or bool((before[..., -1] >= top_p).all()):
-            break
-        k = min(v, k * 8)
+    ranked, order, before = _ranked(logits, log_z, k)
+    if k < v and not _holds(before, top_p):
+        k = _second_guess(logits, log_z, ranked, top_p) if v >= NUCLEUS_COUNT_VOCAB else v
+        if k <= v * NUCLEUS_SORT_FRACTION:
+            ranked, order, before = _ranked(logits, log_z, k)
+        if k > v * NUCLEUS_SORT_FRACTION or not _holds(before, top_p):
+            ranked, order, before = _ranked(logits, log_z, v)
     return ranked.masked_fill(before >= top_p, float("-inf")), order
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from drift_cli.errors import BadInput
-from drift_cli.scenarios.extractors import chunk_entries, jsonl, read_text
+from drift_cli.scenarios.extractors import UnreadableFile, chunk_entries, jsonl, read_text
 from drift_cli.scenarios.source import RawDoc, extractor
 from drift_cli.scenarios.schema import Scenario, SplitRule, merge_tables, parse_stream
 from drift_cli.scenarios.source import SourceSpec
@@ -47,17 +47,20 @@ def paragraphs_to_chunks(text: str, chunk_chars: int) -> list[tuple[int, str]]:
 def text_chunks(spec: SourceSpec, files: list[Path]) -> Iterator[RawDoc]:
     """Text files cut into paragraph chunks; JSONL files (by suffix) read record by record."""
     chunk = int(spec.option("chunk_chars", 2000))
-    for path in files:
-        if path.suffix in (".jsonl", ".ndjson"):
-            # records are often short: consecutive records are grouped like paragraphs
-            records = ((r.locator.rsplit("#", 1)[1], r.text) for r in jsonl(spec, [path]))
-            yield from chunk_entries(records, chunk, path.as_posix())
-            continue
-        text = read_text(path)
-        if text is None:
-            continue
-        for offset, piece in paragraphs_to_chunks(text, chunk):
-            yield RawDoc(f"{path.as_posix()}@{offset}", piece, path.as_posix())
+    try:
+        for path in files:
+            if path.suffix in (".jsonl", ".ndjson"):
+                # records are often short: consecutive records are grouped like paragraphs
+                records = ((r.locator.rsplit("#", 1)[1], r.text) for r in jsonl(spec, [path]))
+                yield from chunk_entries(records, chunk, path.as_posix())
+                continue
+            text = read_text(path, strict=True)   # binary files are skipped; broken text is an error
+            if text is None:
+                continue
+            for offset, piece in paragraphs_to_chunks(text, chunk):
+                yield RawDoc(f"{path.as_posix()}@{offset}", piece, path.as_posix())
+    except UnreadableFile as e:
+        raise BadInput(f"--corpus: {e}") from None
 
 
 def corpus_scenario(path: str | Path, defaults: dict | None = None, name: str | None = None,

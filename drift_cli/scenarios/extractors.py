@@ -14,6 +14,7 @@ import fnmatch
 import gzip
 import json
 import re
+import zlib
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -57,19 +58,44 @@ def missing_source(scenario: str, spec: SourceSpec) -> MissingSource:
     return MissingSource(f"scenario '{scenario}': source '{spec.id}' not found at {where}")
 
 
+class UnreadableFile(BadInput):
+    """A source file that cannot be read, decompressed or decoded (the message names it)."""
+
+
 def read_bytes(path: Path) -> bytes:
-    data = path.read_bytes()
-    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+    """The bytes of a file, gunzipped when it starts with gzip's magic bytes."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UnreadableFile(f"{path}: cannot read it: {e.strerror or e}") from None
+    if data[:2] != b"\x1f\x8b":
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:   # BadGzipFile is an OSError; a truncated stream, EOFError
+        raise UnreadableFile(f"{path}: starts with gzip's magic bytes but is not a valid gzip stream "
+                             f"({e or type(e).__name__})") from None
 
 
-def read_text(path: Path) -> str | None:
-    """UTF-8 text of a (possibly gzipped) file, or None for binary/undecodable files."""
-    data = read_bytes(path)
+def read_text(path: Path, strict: bool = False) -> str | None:
+    """UTF-8 text of a (possibly gzipped) file, or None for a binary file (a NUL in its first 4 KiB).
+
+    A file that cannot be read, gunzipped or decoded as UTF-8 is None too (skipped, as in the
+    OS packages' sources), or with `strict` (the user's own files) an `UnreadableFile`.
+    """
+    try:
+        data = read_bytes(path)
+    except UnreadableFile:
+        if strict:
+            raise
+        return None
     if b"\x00" in data[:4096]:
         return None
     try:
         return data.decode("utf-8")
-    except UnicodeDecodeError:
+    except UnicodeDecodeError as e:
+        if strict:
+            raise UnreadableFile(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
         return None
 
 
@@ -310,7 +336,7 @@ def jsonl(spec: SourceSpec, files: list[Path]) -> Iterator[RawDoc]:
     field_name = spec.option("text_field", "text")
     id_field = spec.option("id_field")
     for path in files:
-        for n, line in enumerate((read_text(path) or "").split("\n"), 1):
+        for n, line in enumerate((read_text(path, strict=True) or "").split("\n"), 1):
             if not line.strip():
                 continue
             try:
