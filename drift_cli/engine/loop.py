@@ -31,7 +31,7 @@ from drift_cli.engine.gamma import CostProfile, GammaConfig, GammaController, co
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.sampling import Sampler
 from drift_cli.engine.timing import IterationClock
-from drift_cli.methods.base import DraftPolicy, Feedback, Proposal, Rows
+from drift_cli.engine.policy import DraftPolicy, Feedback, Proposal, Rows
 from drift_cli.stream import Stream
 
 

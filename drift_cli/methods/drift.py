@@ -46,7 +46,6 @@ def _no_neighbours(rows: int, k: int, device) -> Neighbours:
 class DriftMethod(ModelDraftPolicy):
     name = "drift"
     description = "the static draft plus the DRIFT bank: gradient-free recalibration from verification feedback"
-    configs = (DriftConfig, DriftFiles)
 
     def __init__(self, draft: torch.nn.Module, cfg: DriftConfig = DriftConfig(), *, fingerprint: str | None = None,
                  bank_in: Path | None = None, bank_out: Path | None = None,

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from drift_cli.divergence import divergence_knob
+from drift_cli.methods.settings import divergence_knob
 from drift_cli.knobs import Settings, at_least, knob
 
 
