@@ -35,16 +35,20 @@ def knob_option(k: Knob, default) -> click.Option:
             raise click.BadParameter(message.removeprefix(f"{k.flag} "))
         return value
 
-    shown = "" if default is None else f" [default: {default}]"
     if k.kind is bool:
         decls = [f"{k.flag}/{k.off_flag}" if k.off_flag else k.flag, k.name]
-        return click.Option(decls, is_flag=True, default=None, help=k.help + shown, callback=validate)
+        return click.Option(decls, is_flag=True, default=None, help=knob_help(k, default), callback=validate)
     kind = {float: click.FLOAT, int: click.INT, Path: click.Path(path_type=Path)}.get(k.kind, click.STRING)
     if k.parse is not None:
         kind = TextValue(k)
     if k.choices is not None:
         kind = click.Choice(k.choices)
-    return click.Option([k.flag, k.name], type=kind, default=None, help=k.help + shown, callback=validate)
+    return click.Option([k.flag, k.name], type=kind, default=None, help=knob_help(k, default), callback=validate)
+
+
+def knob_help(k: Knob, default) -> str:
+    """A setting's help line, as every command shows it: its help, then its default."""
+    return k.help + ("" if default is None else f" [default: {default}]")
 
 
 def settings_options(classes, skip: tuple[str, ...] = ()) -> list[click.Option]:

@@ -212,7 +212,8 @@ class Decoder:
         `out` (in finishing order; a KeyboardInterrupt leaves the finished ones there). Returns
         the next step index."""
         cfg, policy, target = self.cfg, self.policy, self.target
-        b = max(1, cfg.batch_size)
+        prompts = list(prompts)
+        b = max(1, min(cfg.batch_size, len(prompts)))   # slots beyond the prompts would stay empty
         target.reset_rows(b)
         policy.begin_batch(b)
         queue = iter(prompts)

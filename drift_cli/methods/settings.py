@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from drift_cli.errors import BadInput
 from drift_cli.knobs import Settings, at_least, between, knob
 
 DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")     # drift_cli.divergence implements them
@@ -17,6 +18,13 @@ def divergence_knob():
     """The `--divergence` setting, shared by `offline` (its distillation) and `osd` (its loss)."""
     return knob("fkl", "--divergence", "distillation divergence of the offline draft (and of osd)",
                 choices=DIVERGENCES)
+
+
+def within_context(flag: str, value: int, positions: int, what: str) -> None:
+    """A match length bounded by the models' context (checked once the models are known)."""
+    if value > positions:
+        raise BadInput(f"{flag} {value} exceeds the models' context of {positions} positions: "
+                       f"{what} longer than the context can never match")
 
 
 @dataclass(frozen=True)
@@ -45,11 +53,7 @@ class PldConfig(Settings):
 
     def check_context(self, positions: int) -> None:
         """An n-gram longer than the models' context can never match (and would size the index)."""
-        if self.max_ngram > positions:
-            from drift_cli.errors import BadInput
-
-            raise BadInput(f"--pld-max-ngram {self.max_ngram} exceeds the models' context of {positions} positions: "
-                           "an n-gram longer than the context can never match")
+        within_context("--pld-max-ngram", self.max_ngram, positions, "an n-gram")
 
 
 @dataclass(frozen=True)
@@ -67,3 +71,6 @@ class SuffixConfig(Settings):
     max_tokens: int = knob(65536, "--suffix-max-tokens",
                            "suffix: output tokens kept from earlier prompts, oldest evicted first",
                            ok=at_least(1), rule="must be >= 1")
+
+    def check_context(self, positions: int) -> None:
+        within_context("--suffix-max-depth", self.max_depth, positions, "a suffix")

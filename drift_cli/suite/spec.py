@@ -91,6 +91,11 @@ def _bench_fields() -> dict[str, Any]:
     return {name: getattr(base, name) for name in _bench_knobs()}
 
 
+def setting_knobs() -> dict[str, tuple[Knob, Any]]:
+    """Every setting a suite (or `--set`) may give, by name: (its knob, its default)."""
+    return {**{name: (k, _bench_fields()[name]) for name, k in _bench_knobs().items()}, **_method_knobs()}
+
+
 def _setting_names() -> list[str]:
     return [*_bench_fields(), *_method_knobs()]
 
