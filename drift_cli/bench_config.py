@@ -124,6 +124,9 @@ class BenchConfig(Settings):
         if (self.switch_after is None) != (self.switch_target is None):
             raise BadInput("give both --switch-target-after N and --switch-target KIND, or neither")
         self.zoo_name()
+        from drift_cli.methods import resolve_methods
+
+        resolve_methods(self.methods)
         self.configs()
         if not unread_ok:
             check_unread_options(self, policies)

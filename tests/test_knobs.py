@@ -52,7 +52,7 @@ def test_from_options_check_and_parse_value():
             knobs.parse_value(Toy, "size", text)
     with pytest.raises(BadInput, match="got 'target-es' \\(did you mean 'target-est'\\?\\)"):
         DriftConfig(key="target-es").validate()
-    with pytest.raises(BadInput, match="--gain must be >= 0 and finite, got inf"):
+    with pytest.raises(BadInput, match=r"--gain must be in \[0, 100\] .*, got inf"):
         DriftConfig(gain=math.inf).validate()
     with pytest.raises(BadInput, match="--bank-size must be in"):
         DriftConfig(bank_size=10 ** 10).validate()

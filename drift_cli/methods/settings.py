@@ -63,7 +63,7 @@ class SuffixConfig(Settings):
                           ok=at_least(1), rule="must be >= 1")
     # draft length <= match length x this factor (and <= γ)
     max_spec_factor: float = knob(1.0, "--suffix-max-spec-factor", "suffix: draft at most match length x this many tokens",
-                                  ok=lambda x: 0 < x < float("inf"), rule="must be > 0 and finite")
+                                  ok=lambda x: 0 < x < float("inf"), rule="must be > 0")
     # stop the draft when its path probability drops below this
     min_token_prob: float = knob(0.1, "--suffix-min-token-prob", "suffix: stop drafting below this path probability",
                                  ok=between(0.0, 1.0), rule="must be in [0, 1]")
