@@ -255,7 +255,7 @@ def test_regress_gate_refuses_a_nan_baseline(pair, tmp_path, capsys):
     good = path.read_text()
     check = ["regress", "check", "--baseline", path, "--draft", pair[0], "--target", pair[1]]
     code, out, err = run_cli([*check, "--device", "tpu"], capsys)
-    assert_one_line(code, err, "--device must be cpu, cuda, cuda:N or auto (got 'tpu')")
+    assert_one_line(code, err, "--device must be cpu, cuda, cuda:N or auto, got tpu")
     doc = json.loads(good)
     name = next(iter(doc["methods"]))
     for bad in ("NaN", "Infinity", "-Infinity"):
