@@ -10,122 +10,26 @@ from __future__ import annotations
 import gc
 import math
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from drift_cli import metrics
+from drift_cli.bench_config import CONTROL_SCENARIO, BenchConfig, check_preset  # noqa: F401 (re-exported)
 from drift_cli.engine.gamma import GammaConfig, profile_costs
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, StreamRun, run_stream
 from drift_cli.errors import BadInput
+from drift_cli.engine.policy import MethodContext
 from drift_cli.methods import METHODS, resolve_methods, settings_classes
-from drift_cli.methods.base import MethodContext
 from drift_cli.models import (ModelInfo, Pair, check_same_tokenizer, checkpoint_dir, load_model, load_pair, load_tokenizer,
                               parse_device, parse_dtype, resolve_checkpoint)
 from drift_cli.results import SCHEMA_VERSION, RunJson, environment, new_run_id
 from drift_cli.stream import Stream
 
-CONTROL_SCENARIO = "indist"
 Progress = Callable[[str, float, float], None]
-
-
-@dataclass
-class BenchConfig:
-    scenario: str | None = "jargon"
-    corpus: str | None = None
-    methods: str = "all"
-    zoo: str = "small"
-    draft_layers: int | None = None   # a pretrained preset's draft cut from this many target layers (its -dN variant)
-    draft: str | None = None
-    target: str | None = None
-    split: str = "test"
-    max_prompts: int | None = None
-    max_new_tokens: int | None = None
-    shuffle: int = 0             # 0: the scenario's own stream; N > 0: stream shuffle N (another draw of the split)
-    gamma: int = 4
-    batch_size: int = 1          # rows decoded together (continuous batching)
-    batch_sizes: tuple[int, ...] | None = None   # --batch-sizes: the batch-size curve (each B, every method)
-    temperature: float = 0.0
-    top_p: float | None = None
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "float32"
-    threads: int | None = None   # torch CPU threads; None: 1 on the CPU (see docs/engine.md)
-    out: Path = Path("results")
-    control: bool = True
-    switch_after: int | None = None   # a target-change stream: prompts N, N+1, ... use the changed target
-    switch_target: str | None = None  # the change: bf16, int8 or finetune:DOMAIN (zoo/target_change.py)
-    options: dict[str, Any] = field(default_factory=dict)   # method options (--gain, --osd-lr, ...)
-
-    def validate(self) -> None:
-        if (self.scenario is None) == (self.corpus is None):
-            raise BadInput("give exactly one of --scenario NAME or --corpus PATH")
-        if self.gamma < 1:
-            raise BadInput(f"--gamma must be at least 1 (got {self.gamma})")
-        if self.batch_size < 1:
-            raise BadInput(f"--batch-size must be at least 1 (got {self.batch_size})")
-        if self.batch_sizes is not None and (not self.batch_sizes or min(self.batch_sizes) < 1
-                                             or len(set(self.batch_sizes)) != len(self.batch_sizes)):
-            raise BadInput(f"--batch-sizes must list distinct sizes >= 1 (got {','.join(map(str, self.batch_sizes))})")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise BadInput(f"--temperature must be >= 0 and finite (got {self.temperature})")
-        if not 0 <= self.seed < 2**63:
-            raise BadInput(f"--seed must be in [0, 2^63) (got {self.seed})")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise BadInput(f"--top-p must be in (0, 1] (got {self.top_p})")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise BadInput(f"--max-new-tokens must be at least 1 (got {self.max_new_tokens})")
-        if self.max_prompts is not None and self.max_prompts < 1:
-            raise BadInput(f"--max-prompts must be at least 1 (got {self.max_prompts})")
-        if not 0 <= self.shuffle < 2**31:
-            raise BadInput(f"--shuffle must be in [0, 2^31) (got {self.shuffle})")
-        if self.split not in ("train", "dev", "test"):
-            raise BadInput(f"--split must be train, dev or test (got {self.split})")
-        if self.threads is not None and self.threads < 1:
-            raise BadInput(f"--threads must be at least 1 (got {self.threads})")
-        if (self.draft is None) != (self.target is None):
-            raise BadInput("give both --draft and --target, or neither (then --zoo is used)")
-        if self.draft is not None and self.draft_layers is not None:
-            raise BadInput("--draft-layers picks a zoo draft: it does not apply with --draft/--target")
-        self.zoo_name()
-        parse_device(self.device_name)
-        self.target_change()
-        check_bank_options(self)
-        self.configs()
-
-    def zoo_name(self) -> str:
-        """The zoo preset the run uses: --zoo, or its draft-size variant for --draft-layers."""
-        from drift_cli.zoo.presets import draft_variant
-
-        try:
-            return draft_variant(self.zoo, self.draft_layers)
-        except ValueError as e:
-            raise BadInput(str(e)) from None
-
-    def target_change(self):
-        """The parsed --switch-target (None without one); BadInput on a bad pair of flags."""
-        if (self.switch_after is None) != (self.switch_target is None):
-            raise BadInput("give both --switch-target-after N and --switch-target KIND, or neither")
-        if self.switch_after is None:
-            return None
-        if self.switch_after < 1:
-            raise BadInput(f"--switch-target-after must be at least 1 (got {self.switch_after})")
-        from drift_cli.zoo.target_change import TargetChange
-
-        return TargetChange.parse(self.switch_target)
-
-    def configs(self) -> dict[type, Any]:
-        """Every registered method's settings from `options`, validated (BadInput)."""
-        return MethodContext.settings_from_options(self.options, settings_classes())
-
-    @property
-    def device_name(self) -> str:
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.device
 
 
 @dataclass
@@ -172,32 +76,6 @@ class Models:
         )
 
 
-def parse_sizes(text: str | None) -> tuple[int, ...] | None:
-    """--batch-sizes 1,2,4 -> (1, 2, 4); BadInput on anything but integers."""
-    if text is None:
-        return None
-    try:
-        return tuple(int(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise BadInput(f"--batch-sizes must be comma-separated integers (got {text!r})") from None
-
-
-def check_bank_options(cfg: BenchConfig) -> None:
-    """--bank-in/--bank-out need the drift method; --bank-out must name a new or regular file."""
-    from drift_cli.atomic import check_output_target
-    from drift_cli.methods import resolve_methods
-
-    bank_in, bank_out = cfg.options.get("bank_in"), cfg.options.get("bank_out")
-    if (bank_in is not None or bank_out is not None) and "drift" not in resolve_methods(cfg.methods):
-        flag = "--bank-out" if bank_out is not None else "--bank-in"
-        raise BadInput(f"{flag} is only used by the drift method, which --methods {cfg.methods} does not run")
-    if bank_out is not None and not Path(bank_out).is_dir():   # a directory holds one file per tenant
-        check_output_target(Path(bank_out), "--bank-out")
-        parent = Path(bank_out).parent
-        if parent.exists() and not os.access(parent, os.W_OK):
-            raise BadInput(f"--bank-out {bank_out}: directory {parent} is not writable")
-
-
 def check_context(models: Models, stream: Stream, cfg: BenchConfig) -> None:
     """Prompt + --max-new-tokens, and --gamma, within both models' positions (no silent overrun)."""
     positions = min(getattr(m.config, "max_position_embeddings", None) or math.inf
@@ -208,6 +86,10 @@ def check_context(models: Models, stream: Stream, cfg: BenchConfig) -> None:
                        f"exceeds the models' context of {positions} positions")
     if cfg.gamma > positions:
         raise BadInput(f"--gamma {cfg.gamma} exceeds the models' context of {positions} positions")
+    if positions < math.inf:
+        for settings in cfg.configs().values():     # bounds a setting takes from the context
+            if hasattr(settings, "check_context"):
+                settings.check_context(int(positions))
     if cfg.switch_after is not None and cfg.switch_after >= len(stream.prompts):
         raise BadInput(f"--switch-target-after {cfg.switch_after} leaves no prompt for the changed target "
                        f"(the stream has {len(stream.prompts)} prompts)")
@@ -259,17 +141,6 @@ def load_stream(cfg: BenchConfig, tokenizer, scenario) -> Stream:
     if not stream.prompts:
         raise BadInput(f"scenario '{stream.scenario}' has no prompts in its {cfg.split} split")
     return stream
-
-
-def check_preset(cfg: BenchConfig) -> None:
-    if cfg.draft is None:
-        from drift_cli.registry import unknown
-        from drift_cli.zoo import preset_names
-
-        from drift_cli.zoo.presets import pretrained_preset
-
-        if cfg.zoo not in preset_names() and pretrained_preset(cfg.zoo) is None:
-            raise unknown("preset", cfg.zoo, preset_names())
 
 
 def decode_config(cfg: BenchConfig, stream: Stream, eos_id: int | None) -> DecodeConfig:

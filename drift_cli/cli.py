@@ -32,29 +32,21 @@ def cli() -> None:
 
 @cli.command()
 @bench_options
-def bench(scenario, corpus, methods, no_control, batch_sizes, shuffle, switch_after, switch_target, zoo, draft_layers,
-          draft, target,
-          device, dtype, threads, split, max_prompts, max_new_tokens, gamma, batch_size, temperature, top_p, seed, out,
-          as_json, **method_opts) -> None:
+def bench(as_json, **opts) -> None:
     """Run methods on one prompt stream and compare them."""
-    from drift_cli.bench import BenchConfig, parse_sizes, run_bench
-    from drift_cli.report import render_run
-    from drift_cli.results import check_writable, write_run
+    from drift_cli.bench_config import BenchConfig
+    from drift_cli.results import check_writable
 
-    if scenario is None and corpus is None:
-        scenario = "jargon"
-    cfg = BenchConfig(scenario=scenario, corpus=corpus, methods=methods, zoo=zoo, draft_layers=draft_layers,
-                      draft=draft, target=target,
-                      split=split, max_prompts=max_prompts, max_new_tokens=max_new_tokens, shuffle=shuffle,
-                      gamma=gamma, batch_size=batch_size, temperature=temperature, top_p=top_p, seed=seed,
-                      device=device, dtype=dtype, threads=threads, out=out, control=not no_control,
-                      switch_after=switch_after, switch_target=switch_target,
-                      options=method_opts, batch_sizes=parse_sizes(batch_sizes))
-    cfg.validate()
-    check_writable(out)
+    cfg = BenchConfig.from_options(opts)
+    cfg.check()                     # every refusal that needs no model, before torch loads
+    check_writable(cfg.out)
+    from drift_cli.bench import run_bench
+    from drift_cli.report import render_run
+    from drift_cli.results import write_run
+
     with rich_progress() as progress:
         run, steps = run_bench(cfg, ProgressCallback(progress))
-    path = write_run(out, run, steps)
+    path = write_run(cfg.out, run, steps)
     bank_error = run["methods"].get("drift", {}).get("report", {}).get("bank_out_error")
     if bank_error:
         raise BadInput(f"{bank_error} (the run itself was written to {path})")

@@ -52,13 +52,14 @@ def quiet_libraries() -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        from transformers.utils import logging as hf_logging
+    if "transformers" not in sys.modules:    # read when transformers loads (a refusal never loads it)
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        return
+    from transformers.utils import logging as hf_logging
 
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
 
 
 def stdout_console() -> Console:

@@ -22,15 +22,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
+from drift_cli.methods.settings import DIVERGENCES  # the names live with the --divergence flag
 
 
-def divergence_knob():
-    """The `--divergence` setting, shared by `offline` (its distillation) and `osd` (its loss)."""
-    from drift_cli.knobs import knob
-
-    return knob("fkl", "--divergence", "distillation divergence of the offline draft (and of osd)",
-                choices=DIVERGENCES)
 RKL_LOGPROB_FLOOR = -30.0
 
 

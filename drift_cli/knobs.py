@@ -29,18 +29,26 @@ class Knob:
     choices: tuple[str, ...] | None = None      # a str knob limited to these
     off_flag: str | None = None                 # bool: the flag that sets False ("--no-adaptive-rate")
     cli: bool = True                            # False: a setting with no flag (set in code only)
+    dest: str | None = None                     # the option name when it is not the flag's ("switch_after")
+    parse: Callable[[str], Any] | None = None   # text -> value, for a kind that is not one scalar ("1,2,4")
+    # Read only when another field of the settings has a value: (field name, value), e.g.
+    # --gamma-p-min needs ("policy", "confidence"); given with another value, the flag is refused.
+    needs: tuple[str, Any] | None = None
+    selects: str = ""                           # a selector field: what its value picks ("γ controller")
 
     @property
     def name(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
+        return self.dest or self.flag.lstrip("-").replace("-", "_")
 
 
 def knob(default: Any, flag: str, help: str, kind: type | None = None, ok: Callable[[Any], bool] | None = None,
          rule: str = "", choices: tuple[str, ...] | None = None, off_flag: str | None = None,
-         cli: bool = True) -> Any:
+         cli: bool = True, dest: str | None = None, parse: Callable[[str], Any] | None = None,
+         needs: tuple[str, Any] | None = None, selects: str = "") -> Any:
     """A dataclass field carrying its CLI flag, help text and validation."""
     kind = kind or (type(default) if default is not None else str)
-    return field(default=default, metadata={"knob": Knob(flag, help, kind, ok, rule, choices, off_flag, cli)})
+    meta = {"knob": Knob(flag, help, kind, ok, rule, choices, off_flag, cli, dest, parse, needs, selects)}
+    return field(default=default, metadata=meta)
 
 
 def knobs(cls: type) -> list[tuple[Field, Knob]]:
@@ -91,6 +99,8 @@ _TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 def parse_text(k: Knob, text: str) -> Any:
     """A knob value from text (as the CLI would parse it); BadInput when it is not of the knob's kind."""
     text = text.strip()
+    if k.parse is not None:
+        return k.parse(text)
     try:
         if k.kind is bool:
             low = text.lower()
@@ -102,6 +112,39 @@ def parse_text(k: Knob, text: str) -> Any:
         return k.kind(text)
     except ValueError:
         raise BadInput(f"{k.flag}: {text!r} is not a valid {k.kind.__name__}") from None
+
+
+KIND_NAMES = {int: "integer", float: "float", bool: "boolean", str: "string", Path: "path"}
+
+
+def coerce(k: Knob, value: Any, check: bool = True) -> Any:
+    """A value given as data (a suite's TOML) -> the knob's kind, as strictly as the flag parses
+    text: no bool for a number, no fraction for an integer, no number for a string; then (check)
+    its rule. BadInput (naming the problem, not the place: the caller adds that) otherwise."""
+    kind = KIND_NAMES.get(k.kind, k.kind.__name__)
+    if value is None:
+        return None
+    if isinstance(value, str) and k.parse is not None:
+        value = k.parse(value)
+    elif isinstance(value, str) and k.kind not in (str, Path):
+        try:
+            value = parse_text(k, value)
+        except BadInput:
+            raise BadInput(f"{value!r} is not a valid {kind}") from None
+    ok_type = {bool: lambda v: isinstance(v, bool),
+               int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+               float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+               str: lambda v: isinstance(v, str), Path: lambda v: isinstance(v, (str, Path))}.get(k.kind)
+    if ok_type is not None and not ok_type(value):
+        raise BadInput(f"{value!r} is not a valid {kind}")
+    try:
+        value = float(value) if k.kind is float else Path(value) if k.kind is Path else value
+    except OverflowError:
+        raise BadInput(f"{value!r} is too large for a float") from None
+    message = problem(k, value) if check else None
+    if message:
+        raise BadInput(message)
+    return value
 
 
 def find(cls: type, name: str) -> tuple[Field, Knob]:
@@ -142,7 +185,9 @@ class Settings:
 # -- common predicates ----------------------------------------------------------------------
 
 def finite(x: float) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    return isinstance(x, int) or math.isfinite(x)
 
 
 def at_least(lo: float, finite_only: bool = True) -> Callable[[Any], bool]:

@@ -72,3 +72,31 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = " ".join(v) if isinstance(v, list) else v
     return out
+
+
+def available_memory(device) -> int | None:
+    """Bytes a new allocation can take on `device` (a torch.device): a GPU's free memory; on the
+    CPU the smaller of the kernel's MemAvailable and what the address-space limit (RLIMIT_AS)
+    leaves this process. None when neither is known."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info(device)[0])
+    import resource
+
+    limits = []
+    m = re.search(r"^MemAvailable:\s+(\d+) kB", _read("/proc/meminfo"), re.MULTILINE)
+    if m:
+        limits.append(int(m.group(1)) * 1024)
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    used = re.search(r"^VmSize:\s+(\d+) kB", _read("/proc/self/status"), re.MULTILINE)
+    if soft != resource.RLIM_INFINITY and used:
+        limits.append(max(0, soft - int(used.group(1)) * 1024))
+    return min(limits) if limits else None
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
+from drift_cli.devices import DTYPES as DTYPE_NAMES, check_device
 from drift_cli.errors import BadInput
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {name: getattr(torch, dtype) for name, dtype in DTYPE_NAMES.items()}
 
 
 @dataclass
@@ -111,17 +111,8 @@ def parse_dtype(name: str) -> torch.dtype:
 
 def parse_device(name: str) -> torch.device:
     """cpu, cuda or cuda:N (an existing GPU); anything else is BadInput."""
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, TypeError, ValueError):
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise BadInput(f"--device must be cpu, cuda, cuda:N or auto (got '{name}')")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise BadInput(f"device '{name}' requested but CUDA is not available")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise BadInput(f"device '{name}' requested but there are {torch.cuda.device_count()} CUDA devices")
-    return dev
+    check_device(name)
+    return torch.device(name)
 
 
 def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:

@@ -18,16 +18,18 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 
-from drift_cli import metrics
-from drift_cli.bench import BenchConfig, Models, check_preset, load_models, load_stream, resolve_scenario, run_methods
+from drift_cli.bench_config import BenchConfig, check_preset
 from drift_cli.errors import BadInput, CheckFailed
 from drift_cli.atomic import atomic_write_json
 from drift_cli.results import environment
 from drift_cli.stream import Stream
 from drift_cli.zoo.cache import read_json
+
+if TYPE_CHECKING:
+    from drift_cli.bench import Models
 
 BASELINE_KIND = "drift-regress-baseline"
 BASELINE_VERSION = 1
@@ -109,6 +111,8 @@ def per_prompt_counts(run) -> tuple[list[int], list[int]]:
 def method_acceptance(run) -> dict[str, Any]:
     """Pooled acceptance (the gated number, `metrics.acceptance_rate`) with a bootstrap 95% CI
     over prompts, and the per-prompt values."""
+    from drift_cli import metrics
+
     accepted, drafted = per_prompt_counts(run)
     steps = run.steps
     return {
@@ -124,14 +128,18 @@ def method_acceptance(run) -> dict[str, Any]:
 
 
 def load_pair(cfg: RegressConfig, progress: Progress | None = None) -> Models:
+    from drift_cli import bench
+
     bcfg = cfg.bench_config()
     check_preset(bcfg)
-    return load_models(bcfg, progress)
+    return bench.load_models(bcfg, progress)
 
 
 def build_stream(cfg: RegressConfig, tokenizer) -> Stream:
+    from drift_cli import bench
+
     bcfg = cfg.bench_config()
-    return load_stream(bcfg, tokenizer, resolve_scenario(bcfg))
+    return bench.load_stream(bcfg, tokenizer, bench.resolve_scenario(bcfg))
 
 
 @contextlib.contextmanager
@@ -158,9 +166,11 @@ def measuring_thread_count() -> int:
 
 
 def measure(cfg: RegressConfig, models: Models, stream: Stream, progress: Progress | None = None) -> dict[str, dict]:
+    from drift_cli import bench
+
     names = cfg.method_names()
     with measuring_threads():
-        runs, _ = run_methods(names, models, stream, cfg.bench_config(), progress)
+        runs, _ = bench.run_methods(names, models, stream, cfg.bench_config(), progress)
     missing = [n for n in names if n not in runs or not runs[n].complete]
     if missing:   # run_stream stops early only on Ctrl-C: pass it on, write nothing half-measured
         raise KeyboardInterrupt
@@ -201,9 +211,11 @@ def default_baseline_path(cfg: RegressConfig) -> Path:
 
 def pin(cfg: RegressConfig, progress: Progress | None = None) -> dict[str, Any]:
     """Measure the pair on the regression stream; returns the baseline document (not written)."""
+    from drift_cli import bench
+
     names = cfg.method_names()
     bcfg = cfg.bench_config()
-    resolve_scenario(bcfg)                 # a bad scenario fails before any model loads
+    bench.resolve_scenario(bcfg)                 # a bad scenario fails before any model loads
     models = load_pair(cfg, progress)
     stream = build_stream(cfg, models.pair.tokenizer)
     measured = measure(cfg, models, stream, progress)
@@ -467,9 +479,11 @@ def check(doc: dict, cfg: RegressConfig, tolerance: float = DEFAULT_TOLERANCE,
           progress: Progress | None = None) -> dict[str, Any]:
     """Re-measure the baseline's stream; returns the check report (passed or not, never raises
     CheckFailed itself: `enforce` does)."""
+    from drift_cli import bench
+
     if not 0 <= tolerance <= 1:
         raise BadInput(f"--tolerance must be in [0, 1] (an absolute drop in acceptance; got {tolerance})")
-    resolve_scenario(cfg.bench_config())
+    bench.resolve_scenario(cfg.bench_config())
     models = load_pair(cfg, progress)
     check_tokenizer(doc, models.pair.tokenizer)   # first: a new tokenizer also changes the stream
     stream = build_stream(cfg, models.pair.tokenizer)

@@ -13,22 +13,13 @@ residuals` reports them with acceptance by entropy.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from drift_cli.errors import BadInput
-from drift_cli.knobs import Settings, at_least, knob
 
 TOP = 16            # the DRIFT post's "top 16 directions"
 CURVE = 64          # singular values kept in run.json
-
-
-@dataclass(frozen=True)
-class ResidualConfig(Settings):
-    residuals: int = knob(0, "--residuals", "vanilla: keep log p - log q at up to N rejected positions and report "
-                          "their singular-value spectrum in run.json (0 = off; the recording is timed as adaptation)",
-                          ok=at_least(0), rule="must be >= 0")
 
 
 class ResidualRecorder:

@@ -196,9 +196,9 @@ def test_divergence_records_the_first_position_and_the_top2_gap(models):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--batch-size", "0"], "--batch-size': must be >= 1, got 0"),
     (["--batch-sizes", "1,x"], "--batch-sizes must be comma-separated integers"),
-    (["--batch-sizes", "2,2"], "--batch-sizes must list distinct sizes"),
+    (["--batch-sizes", "2,2"], "--batch-sizes': must list distinct sizes >= 1"),
 ])
 def test_bad_batch_sizes_are_one_line_errors(args, message, capsys, tmp_path):
     from drift_cli.cli import main

@@ -15,7 +15,7 @@ from drift_cli.commands.options import settings_options
 from drift_cli.drift.config import DriftConfig
 from drift_cli.errors import BadInput
 from drift_cli.knobs import Settings, at_least, knob
-from drift_cli.methods import METHODS, settings_classes
+from drift_cli.methods import METHODS, method_settings, settings_classes
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def test_every_registered_setting_has_a_valid_default_and_one_flag():
             # a flag shared by two classes (--divergence) is one knob, with one help and default
             assert seen.setdefault(k.name, k) == k, k.flag
     assert {"gain", "bank_in", "osd_lr", "divergence", "pld_max_ngram", "suffix_max_depth"} <= set(seen)
-    assert all(isinstance(c, type) for m in METHODS.names() for c in METHODS[m].configs)
+    assert all(isinstance(c, type) for m in METHODS.names() for c in method_settings(m))
 
 
 def test_from_options_check_and_parse_value():
@@ -52,7 +52,7 @@ def test_from_options_check_and_parse_value():
             knobs.parse_value(Toy, "size", text)
     with pytest.raises(BadInput, match="got 'target-es' \\(did you mean 'target-est'\\?\\)"):
         DriftConfig(key="target-es").validate()
-    with pytest.raises(BadInput, match="--gain must be >= 0 and finite, got inf"):
+    with pytest.raises(BadInput, match=r"--gain must be in \[0, 100\] .*, got inf"):
         DriftConfig(gain=math.inf).validate()
     with pytest.raises(BadInput, match="--bank-size must be in"):
         DriftConfig(bank_size=10 ** 10).validate()

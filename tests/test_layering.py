@@ -86,3 +86,21 @@ def test_the_method_interface_does_not_import_click():
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not any(n == "click" or n.startswith("click.") for n in names), path
+
+
+def package_imports(graph: dict[str, set[str]], package: str) -> set[str]:
+    """The drift_cli modules outside `package` that its modules import (lazily included)."""
+    inside = lambda m: m == package or m.startswith(package + ".")  # noqa: E731
+    return {d for m, deps in graph.items() if inside(m) for d in deps if not inside(d)}
+
+
+def test_the_engine_imports_no_method_and_the_suites_no_command():
+    """The engine owns its interface (drift_cli.engine.policy): the methods plug into it, never the
+    reverse; suites type-check their settings from the settings classes, not from the CLI."""
+    graph = import_graph()
+    engine = package_imports(graph, "drift_cli.engine")
+    assert "drift_cli.engine.policy" in graph and "drift_cli.engine.loop" in graph
+    assert not {m for m in engine if m == "drift_cli.methods" or m.startswith("drift_cli.methods.")}, engine
+    suite = package_imports(graph, "drift_cli.suite")
+    assert not {m for m in suite if m.startswith("drift_cli.commands")}, suite
+    assert package_imports({"a.x": {"b.y", "a.z"}, "a.z": set(), "b.y": set()}, "a") == {"b.y"}

@@ -101,7 +101,7 @@ def test_options_and_validation():
     with pytest.raises(BadInput, match="--pld-max-ngram must be >= 1, got 0"):
         PromptLookup(PldConfig(max_ngram=0))
     assert not PromptLookup.uses_draft_model
-    assert [o.name for o in method_cli_options(PromptLookup)] == ["pld_max_ngram"]
+    assert [o.name for o in method_cli_options("pld")] == ["pld_max_ngram"]
 
 
 class WrongQ(PromptLookup):

@@ -209,7 +209,7 @@ def test_different_stream_exits_2(world, tmp_path, capsys):
 @pytest.mark.parametrize("args, expected", [
     (["--methods", "ar"], "method 'ar' cannot be gated"),
     (["--methods", "vanila"], "did you mean 'vanilla'"),
-    (["--gamma", "0"], "--gamma must be at least 1"),
+    (["--gamma", "0"], "--gamma must be >= 1, got 0"),
     (["--draft", "/nonexistent"], "give both --draft and --target"),
 ])
 def test_pin_bad_flags_exit_2(world, tmp_path, capsys, args, expected):

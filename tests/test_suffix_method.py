@@ -110,7 +110,7 @@ def test_options_and_validation():
     ):
         with pytest.raises(BadInput, match=message):
             SuffixDecoding(SuffixConfig(**bad))
-    assert sorted(o.name for o in method_cli_options(SuffixDecoding)) == [
+    assert sorted(o.name for o in method_cli_options("suffix")) == [
         "suffix_max_depth", "suffix_max_spec_factor", "suffix_max_tokens", "suffix_min_token_prob"]
 
 
@@ -127,7 +127,7 @@ def test_greedy_with_tenants_and_eos_equals_ar():
 
 def test_cli_options_parse_and_reject_bad_values():
     seen = {}
-    cmd = click.Command("bench", params=method_cli_options(SuffixDecoding), callback=lambda **kw: seen.update(kw))
+    cmd = click.Command("bench", params=method_cli_options("suffix"), callback=lambda **kw: seen.update(kw))
     runner = CliRunner()
     ok = runner.invoke(cmd, ["--suffix-max-depth", "8", "--suffix-min-token-prob", "0.3"])
     assert ok.exit_code == 0, ok.output

@@ -86,12 +86,12 @@ BAD = [
     ("version = 1\n[grid]\nseed = []\n", "[grid] seed is empty: the suite has no cells"),
     ("version = 1\n[base]\nseed = 1\n", "the suite declares no grid"),
     ("version = 1\n[grid\nseed = [0]\n", "not valid TOML"),
-    ("version = 1\n[grid]\nbatch_size = [1, 0]\n", "cell batch_size=0: --batch-size must be at least 1"),
+    ("version = 1\n[grid]\nbatch_size = [1, 0]\n", "cell batch_size=0: --batch-size must be >= 1, got 0"),
     ("version = 1\n[gird]\nseed = [0]\n", "unknown suite table 'gird' (did you mean 'grid'?)"),
     ("[grid]\nseed = [0]\n", "this drift-bench reads suite version 1"),
     ("version = 1\n[grid]\nseed = 0\n", "[grid] seed must be a list"),
     ("version = 1\n[grid]\ngain = [\"high\"]\n", "gain = 'high'"),
-    ("version = 1\n[grid]\ngamma = [0]\n", "cell gamma=0: --gamma must be at least 1"),
+    ("version = 1\n[grid]\ngamma = [0]\n", "cell gamma=0: --gamma must be >= 1, got 0"),
     ("version = 1\n[axes.mode]\ngreedy = { temperature = 0.0 }\n[grid]\ntemperature = [0.8]\n",
      "setting temperature is set by both axis"),
 ]
@@ -132,7 +132,7 @@ def test_bad_run_flags_exit_2(tmp_path, capsys, args, message):
 
 
 def test_cells_are_keyed_by_their_resolved_config(tmp_path):
-    p = write(tmp_path, GRID.format(tokens=8) + "[axes.knob]\nlow = { gain = 0.2 }\nhigh = { gain = 0.6 }\n")
+    p = write(tmp_path, GRID.format(tokens=8) + "[axes.knob]\nlow = { pld_max_ngram = 2 }\nhigh = { pld_max_ngram = 4 }\n")
     suite = load_suite(p)
     assert len(suite.cells) == 8 and len({c.key for c in suite.cells}) == 8
     again = {c.coords: c.key for c in load_suite(p).cells}

@@ -86,21 +86,12 @@ def _fake_done(root, cell, scenario="jargon"):
 
 
 def test_status_of_a_20000_cell_grid_is_one_scan_and_reads_only_the_marks_that_exist(tmp_path, capsys, monkeypatch):
-    calls = {"settings_options": 0}
-    from drift_cli.commands import options
-
-    real = options.settings_options
-
-    def counted(*args, **kw):
-        calls["settings_options"] += 1
-        return real(*args, **kw)
-
-    monkeypatch.setattr(options, "settings_options", counted)
+    spec._method_knobs.cache_clear()
     p = tmp_path / "big.toml"
     p.write_text(MICRO + f"[grid]\nseed = {list(range(20_000))}\n")
     suite = load_suite(p)
     assert len(suite.cells) == 20_000 and len({c.key for c in suite.cells}) == 20_000
-    assert calls["settings_options"] <= 1              # the method options are built once, not once per cell
+    assert spec._method_knobs.cache_info().misses <= 1   # the method settings are read once, not once per cell
     root = store.suite_dir(tmp_path / "out", suite)
     for c in suite.cells[:3]:
         _fake_done(root, c)

@@ -175,7 +175,7 @@ def test_gamma_ablation_on_a_target_change_stream(same_pair, zoo_cache, tmp_path
 
 @pytest.mark.parametrize("args,message", [
     (["--switch-target-after", "2"], "give both --switch-target-after N and --switch-target KIND"),
-    (["--switch-target-after", "0", "--switch-target", "bf16"], "--switch-target-after must be at least 1"),
+    (["--switch-target-after", "0", "--switch-target", "bf16"], "--switch-target-after': must be >= 1, got 0"),
     (["--switch-target-after", "9", "--switch-target", "bf16"], "leaves no prompt for the changed target"),
     (["--switch-target-after", "1", "--switch-target", "finetune:nowhere"], "unknown scenario 'nowhere'"),
 ])

@@ -17,14 +17,12 @@ from pathlib import Path
 
 import click
 
-from drift_cli import knobs
-from drift_cli.commands.options import ablate_options, decode_options, model_options, switch_options
+from drift_cli import interrupt, knobs
+from drift_cli.commands.options import NOT_IN_ABLATE, ablate_options, run_options
 from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
-from drift_cli import interrupt
-from drift_cli.errors import BadInput
 from drift_cli.drift.config import DriftConfig, DriftFiles
 from drift_cli.engine.gamma import GAMMA_POLICIES, GammaConfig
-from drift_cli.methods.drift import DriftMethod
+from drift_cli.errors import BadInput
 from drift_cli.registry import unknown
 
 
@@ -112,9 +110,10 @@ def run_ablation(cfg, axis: str, values: list, progress=None, methods: list[str]
     to build with is skipped with its reason), all under the same timing conditions. The
     gamma-policy axis: ar, then every method of `methods` at every value."""
     from drift_cli import bench
+    from drift_cli.methods.drift import DriftMethod
 
     ax = AXES[axis]
-    cfg.validate()
+    cfg.validate(policies(values) if axis == GAMMA_AXIS else None)
     scenario = bench.resolve_scenario(cfg)           # a bad name fails before any model loads
     models = bench.load_models(cfg, progress)
     stream = bench.load_stream(cfg, models.pair.tokenizer, scenario)
@@ -229,20 +228,18 @@ def _f(x, fmt: str = "{:.3f}") -> str:
     return "–" if x is None else fmt.format(x)
 
 
-def bench_config(scenario, corpus, methods: str, opts: dict):
-    """A BenchConfig from a command's keyword options: BenchConfig's fields by name, the rest
-    (DRIFT's flags) as method options. Validated."""
-    from dataclasses import fields
+def policies(values: list[str]) -> set[str]:
+    """The γ controllers a gamma-policy sweep selects ('hf:2' -> 'hf')."""
+    return {v.partition(":")[0] for v in values}
 
-    from drift_cli.bench import BenchConfig
 
-    names = {f.name for f in fields(BenchConfig)}
-    given = {k: v for k, v in opts.items() if k in names}
-    method_opts = {k: v for k, v in opts.items() if k not in names}
-    if scenario is None and corpus is None:
-        scenario = "jargon"
-    cfg = BenchConfig(scenario=scenario, corpus=corpus, methods=methods, control=False, options=method_opts, **given)
-    cfg.validate()
+def bench_config(methods: str, opts: dict, policies: set[str] | None = None):
+    """A BenchConfig from a command's keyword options (BenchConfig's by name, the rest method
+    options), running `methods` without the control stream. Checked, as `drift bench` checks."""
+    from drift_cli.bench_config import BenchConfig
+
+    cfg = BenchConfig.from_options({**opts, "methods": methods, "control": False})
+    cfg.check(policies)
     return cfg
 
 
@@ -252,13 +249,9 @@ def bench_config(scenario, corpus, methods: str, opts: dict):
               "gamma-policy: NAME or NAME:K for a row at --gamma K)")
 @click.option("--methods", "sweep_methods", default="vanilla,drift", show_default=True,
               help="gamma-policy axis: the methods run at every γ policy")
-@click.option("--scenario", default=None, help="scenario name (default jargon)")
-@click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL")
-@switch_options
-@model_options
-@decode_options
+@run_options(skip=NOT_IN_ABLATE)
 @ablate_options
-def ablate(axis, values, sweep_methods, scenario, corpus, as_json, **opts) -> None:
+def ablate(axis, values, sweep_methods, as_json, **opts) -> None:
     """Sweep one DRIFT knob (ar and vanilla run once as references), or the γ policy of some methods."""
     from drift_cli.methods import resolve_methods
     from drift_cli.results import check_writable, write_run
@@ -267,7 +260,13 @@ def ablate(axis, values, sweep_methods, scenario, corpus, as_json, **opts) -> No
     methods = [m for m in resolve_methods(sweep_methods) if m != "ar"] if axis == GAMMA_AXIS else None
     if methods == []:
         raise BadInput("--methods names no drafting method to sweep the γ policy of")
-    cfg = bench_config(scenario, corpus, "ar," + ",".join(methods) if methods else "ar,vanilla", opts)
+    if axis != GAMMA_AXIS and opts.get(AXES[axis].option) is not None:
+        flag = knobs.find(AXES[axis].settings, AXES[axis].option)[1].flag
+        raise BadInput(f"{flag} is swept by --sweep {axis}: give its values with --values")
+    if axis == GAMMA_AXIS:
+        cfg = bench_config("ar," + ",".join(methods), opts, policies(parsed))
+    else:
+        cfg = bench_config("ar,vanilla,drift", opts)
     check_writable(cfg.out)
     with rich_progress() as progress:
         run, steps = run_ablation(cfg, axis, parsed, ProgressCallback(progress), methods)

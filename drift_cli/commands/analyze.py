@@ -15,17 +15,17 @@ from pathlib import Path
 
 import click
 
-from drift_cli.commands.options import decode_options, drift_options, model_options
-from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
 from drift_cli import interrupt
+from drift_cli.commands.options import NOT_IN_ANALYZE, drift_options, run_options
+from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
 from drift_cli.errors import BadInput
-from drift_cli.methods.drift import DriftMethod
-from drift_cli.methods.vanilla import Vanilla
-from drift_cli.residuals import TOP, spectrum
 
 
 def run_analysis(cfg, limit: int, with_drift: bool, progress=None) -> tuple[dict, list[dict]]:
     from drift_cli import bench, metrics
+    from drift_cli.methods.drift import DriftMethod
+    from drift_cli.methods.vanilla import Vanilla
+    from drift_cli.residuals import spectrum
 
     cfg.validate()
     scenario = bench.resolve_scenario(cfg)           # a bad name fails before any model loads
@@ -58,6 +58,8 @@ def plot_analysis(run: dict, out_dir: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from drift_cli.residuals import TOP
 
     sp = run["analysis"]["spectrum"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -102,6 +104,8 @@ def entropy_label(bucket: dict) -> str:
 def analysis_tables(run: dict):
     from rich.table import Table
 
+    from drift_cli.residuals import TOP
+
     sp = run["analysis"]["spectrum"]
     t1 = Table(title=f"residual spectrum ({sp['residuals']} rejected positions, V={sp['vocab']})", title_justify="left")
     for col in ("", f"energy top {TOP}", "effective rank", f"isotropic top {TOP}"):
@@ -131,21 +135,18 @@ def analyze() -> None:
 
 
 @analyze.command()
-@click.option("--scenario", default=None, help="scenario name (default jargon)")
-@click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL")
 @click.option("--max-residuals", type=int, default=4096, show_default=True, help="rejected positions kept")
 @click.option("--with-drift/--no-drift", default=True, show_default=True, help="also run drift for the entropy table")
-@model_options
-@decode_options
+@run_options(skip=NOT_IN_ANALYZE)
 @drift_options
-def residuals(scenario, corpus, max_residuals, with_drift, as_json, **opts) -> None:
+def residuals(max_residuals, with_drift, as_json, **opts) -> None:
     """SVD spectrum of draft-target residuals at rejected positions; acceptance by target entropy."""
     from drift_cli.commands.ablate import bench_config
     from drift_cli.results import check_writable, write_run
 
     if max_residuals < 2:
         raise BadInput(f"--max-residuals must be at least 2 (got {max_residuals})")
-    cfg = bench_config(scenario, corpus, "vanilla", opts)
+    cfg = bench_config("vanilla,drift" if with_drift else "vanilla", opts)
     check_writable(cfg.out)
     with rich_progress() as progress:
         run, steps = run_analysis(cfg, max_residuals, with_drift, ProgressCallback(progress))

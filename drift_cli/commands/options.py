@@ -1,4 +1,5 @@
-"""Click options shared by the commands that run models (bench, ablate, analyze)."""
+"""Click options of the commands that run models (bench, ablate, analyze), generated from the
+settings dataclasses: `BenchConfig`'s (`drift_cli.bench_config`) and every method's."""
 
 from __future__ import annotations
 
@@ -6,7 +7,23 @@ from pathlib import Path
 
 import click
 
+from drift_cli.errors import BadInput
 from drift_cli.knobs import Knob, default_of, knobs, problem
+
+
+class TextValue(click.ParamType):
+    """A knob whose value is parsed from text by its own `parse` ("1,2,4" -> (1, 2, 4))."""
+
+    def __init__(self, k: Knob) -> None:
+        self.knob, self.name = k, "list"
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value
+        try:
+            return self.knob.parse(value)
+        except BadInput as e:
+            self.fail(str(e), param, ctx)
 
 
 def knob_option(k: Knob, default) -> click.Option:
@@ -18,14 +35,20 @@ def knob_option(k: Knob, default) -> click.Option:
             raise click.BadParameter(message.removeprefix(f"{k.flag} "))
         return value
 
-    shown = "" if default is None else f" [default: {default}]"
     if k.kind is bool:
-        decls = [f"{k.flag}/{k.off_flag}"] if k.off_flag else [k.flag]
-        return click.Option(decls, is_flag=True, default=None, help=k.help + shown, callback=validate)
+        decls = [f"{k.flag}/{k.off_flag}" if k.off_flag else k.flag, k.name]
+        return click.Option(decls, is_flag=True, default=None, help=knob_help(k, default), callback=validate)
     kind = {float: click.FLOAT, int: click.INT, Path: click.Path(path_type=Path)}.get(k.kind, click.STRING)
+    if k.parse is not None:
+        kind = TextValue(k)
     if k.choices is not None:
         kind = click.Choice(k.choices)
-    return click.Option([k.flag], type=kind, default=None, help=k.help + shown, callback=validate)
+    return click.Option([k.flag, k.name], type=kind, default=None, help=knob_help(k, default), callback=validate)
+
+
+def knob_help(k: Knob, default) -> str:
+    """A setting's help line, as every command shows it: its help, then its default."""
+    return k.help + ("" if default is None else f" [default: {default}]")
 
 
 def settings_options(classes, skip: tuple[str, ...] = ()) -> list[click.Option]:
@@ -39,9 +62,11 @@ def settings_options(classes, skip: tuple[str, ...] = ()) -> list[click.Option]:
     return out
 
 
-def method_cli_options(method) -> list[click.Option]:
-    """One method's click options (from its settings classes)."""
-    return settings_options(method.configs)
+def method_cli_options(name: str) -> list[click.Option]:
+    """One registered method's click options (from its settings classes)."""
+    from drift_cli.methods import method_settings
+
+    return settings_options(method_settings(name))
 
 
 def add_options(fn, opts: list[click.Option]):
@@ -65,78 +90,28 @@ def ablate_options(fn):
 
 
 def drift_options(fn):
-    """DRIFT's settings as click options, without --bank-out (ablate, analyze)."""
+    """DRIFT's settings as click options, without --bank-out (analyze)."""
     from drift_cli.drift.config import DriftConfig, DriftFiles
 
     return add_options(fn, settings_options([DriftConfig, DriftFiles], skip=("bank_out",)))
 
 
-def model_options(fn):
-    opts = [
-        click.option("--zoo", "zoo", default="small", show_default=True, help="built-in model zoo preset"),
-        click.option("--draft-layers", "draft_layers", type=int, default=None,
-                     help="pretrained presets: a draft cut from this many of the target's layers instead of the "
-                          "preset's (the zoo PRESET-dN, built and cached on first use)"),
-        click.option("--draft", type=str, default=None, help="draft checkpoint (local Hugging Face dir)"),
-        click.option("--target", type=str, default=None, help="target checkpoint (local Hugging Face dir)"),
-        click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:1, or auto"),
-        click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16, float16"),
-        click.option("--threads", type=int, default=None, help="torch CPU threads (default 1 on the CPU)"),
-    ]
-    for o in reversed(opts):
-        fn = o(fn)
-    return fn
+# BenchConfig fields a command does not offer as flags (it sets them itself, or they do not apply)
+NOT_IN_ABLATE = ("methods", "control", "batch_sizes")          # ablate has its own --methods
+NOT_IN_ANALYZE = NOT_IN_ABLATE + ("switch_after", "switch_target")
 
 
-def decode_options(fn):
-    opts = [
-        click.option("--split", default="test", show_default=True, help="train, dev or test"),
-        click.option("--max-prompts", type=int, default=None, help="use the first N prompts of the stream"),
-        click.option("--max-new-tokens", type=int, default=None, help="override the scenario's generation length"),
-        click.option("--gamma", type=int, default=4, show_default=True, help="draft block size"),
-        click.option("--batch-size", type=int, default=1, show_default=True,
-                     help="rows decoded together (continuous batching over the stream)"),
-        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy"),
-        click.option("--top-p", type=float, default=None, help="nucleus sampling threshold"),
-        click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--out", type=click.Path(path_type=Path), default=Path("results"), show_default=True),
-        click.option("--json", "as_json", is_flag=True, help="print run.json to stdout (and nothing else)"),
-    ]
-    for o in reversed(opts):
-        fn = o(fn)
-    return fn
+def run_options(skip: tuple[str, ...] = ()):
+    """`BenchConfig`'s fields as click options (less `skip`), then --json."""
+    from drift_cli.bench_config import BenchConfig
+
+    def wrap(fn):
+        opts = [knob_option(k, default_of(f)) for f, k in knobs(BenchConfig) if f.name not in skip]
+        opts.append(click.Option(["--json", "as_json"], is_flag=True, help="print run.json to stdout (and nothing else)"))
+        return add_options(fn, opts)
+    return wrap
 
 
 def bench_options(fn):
-    """Every option of `drift bench` (suites type-check their settings against these)."""
-    opts = [
-        click.option("--scenario", default=None, help="scenario name (see `drift data list`); default jargon"),
-        click.option("--corpus", default=None, help="ad-hoc shifted scenario from a text file, directory or JSONL"),
-        click.option("--methods", default="all", show_default=True, help="'all' or a comma-separated list"),
-        click.option("--no-control", is_flag=True, help="skip the indist control stream"),
-        click.option("--batch-sizes", default=None,
-                     help="comma-separated batch sizes: the batch-size curve (every method at each size)"),
-        click.option("--shuffle", type=int, default=0, show_default=True,
-                     help="stream shuffle N: another draw of the split's documents (0 = the scenario's stream)"),
-    ]
-    for o in reversed(opts):
-        fn = o(fn)
-    return switch_options(model_options(decode_options(method_options(fn))))
-
-
-def switch_options(fn):
-    """A target-change stream (`drift bench`, `drift ablate`)."""
-    opts = [
-        click.option("--switch-target-after", "switch_after", type=int, default=None,
-                     help="a target-change stream: prompts N, N+1, ... are verified by the changed target"),
-        click.option("--switch-target", "switch_target", default=None,
-                     help="the changed target: bf16, int8 or finetune:DOMAIN (built once, cached by recipe)"),
-    ]
-    for o in reversed(opts):
-        fn = o(fn)
-    return fn
-
-
-def bench_params() -> dict[str, click.Parameter]:
-    """`drift bench`'s parameters by name, without importing the command line."""
-    return {p.name: p for p in click.command()(bench_options(lambda **kw: None)).params if p.name}
+    """Every option of `drift bench`: the run's settings, then every method's."""
+    return run_options()(method_options(fn))

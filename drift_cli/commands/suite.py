@@ -44,7 +44,19 @@ def suite() -> None:
     """Declared experiment grids: run (locally or on Ray), status, report, export."""
 
 
-@suite.command()
+class RunCommand(click.Command):
+    """`suite run`: its --help ends with the settings a suite's tables and --set take."""
+
+    def format_epilog(self, ctx, formatter) -> None:
+        from drift_cli.commands.options import knob_help
+        from drift_cli.suite.spec import setting_knobs
+
+        with formatter.section("Settings (a suite's [base], [grid] and [axes] tables, or --set KEY=VALUE)"):
+            formatter.write_dl([(name, knob_help(k, default)) for name, (k, default) in setting_knobs().items()])
+        super().format_epilog(ctx, formatter)
+
+
+@suite.command(cls=RunCommand)
 @_suite_args
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--address", default=None, help="join this Ray cluster (default: start a local one for the run)")

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from drift_cli.atomic import strict_json
 from drift_cli.console import ProgressCallback, rich_progress, row_table
-from drift_cli.divergence import DIVERGENCES
+from drift_cli.methods.settings import DIVERGENCES
 
 
 @click.group("zoo")

@@ -19,12 +19,16 @@ from drift_cli.knobs import Settings, at_least, between, knob
 KEYS = ("draft", "target-est")
 # The books' capacity limit (`drift_bank_core::MAX_CAPACITY`, 2^26 slots).
 MAX_BANK_SIZE = 1 << 26
+MAX_GAIN = 100.0
+BOOKS_BYTES_PER_SLOT = 32     # the Rust books' LRU links and tenant tag per slot (an upper estimate)
+SIGMA_RANGE = (1e-3, 1e3)
 
 
 @dataclass(frozen=True)
 class DriftConfig(Settings):
     # λ: scale of the bias added to the draft logits
-    gain: float = knob(1.0, "--gain", "DRIFT: bias gain λ", ok=at_least(0.0), rule="must be >= 0 and finite")
+    gain: float = knob(1.0, "--gain", "DRIFT: bias gain λ", ok=between(0.0, MAX_GAIN),
+                       rule=f"must be in [0, {MAX_GAIN:g}] (λβ is added to the draft's logits)")
     # η: EMA rate (the floor of the adaptive rate)
     eta: float = knob(0.1, "--eta", "DRIFT: EMA rate η (floor of the adaptive rate)",
                       ok=lambda x: 0.0 < x <= 1.0, rule="must be in (0, 1]")
@@ -36,7 +40,8 @@ class DriftConfig(Settings):
                           ok=at_least(1), rule="must be >= 1")
     # σ: width of the Gaussian kernel over cosine distance
     sigma: float = knob(0.25, "--sigma", "DRIFT: Gaussian kernel width σ over cosine distance",
-                        ok=lambda x: 0.0 < x < float("inf"), rule="must be > 0 and finite")
+                        ok=between(*SIGMA_RANGE), rule=f"must be in [{SIGMA_RANGE[0]:g}, {SIGMA_RANGE[1]:g}] (a width "
+                        "over cosine distance, which is at most 2; the kernel takes 1/(2σ²) in float32)")
     # N: prototypes per tenant bank
     bank_size: int = knob(1024, "--bank-size", "DRIFT: prototypes per tenant bank (N)",
                           ok=between(1, MAX_BANK_SIZE), rule=f"must be in [1, {MAX_BANK_SIZE}]")
@@ -53,10 +58,19 @@ class DriftConfig(Settings):
 
     def validate(self, vocab_size: int | None = None) -> "DriftConfig":
         knobs.check(self)
+        require([(self.neighbors <= self.bank_size, f"--neighbors {self.neighbors} exceeds --bank-size "
+                  f"{self.bank_size}: a position retrieves at most the bank's prototypes")])
         if vocab_size is not None:
             require([(self.support <= vocab_size,
                       f"--support {self.support} exceeds the vocabulary size {vocab_size}")])
         return self
+
+    def bank_bytes(self, dim: int, vocab: int, key_bytes: int) -> int:
+        """Memory of one tenant bank (`drift_cli.drift.bank`): keys [N, d], support [N, m] int64,
+        biases [N, m or V] fp32, counts int64 and validity per prototype, and the books' slots."""
+        width = self.support or vocab
+        per_prototype = dim * key_bytes + 8 * self.support + 4 * width + 8 + 1 + BOOKS_BYTES_PER_SLOT
+        return self.bank_size * per_prototype
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

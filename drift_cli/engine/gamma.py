@@ -26,12 +26,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
-
-from drift_cli import metrics
 from drift_cli.knobs import Settings, between, knob
+
+if TYPE_CHECKING:
+    import torch
+# torch and drift_cli.metrics are imported where they are used: the command line reads
+# GammaConfig (its flags) without loading either
 
 GAMMA_POLICIES = ("fixed", "hf", "ema", "confidence", "cost")
 
@@ -40,14 +42,14 @@ GAMMA_POLICIES = ("fixed", "hf", "ema", "confidence", "cost")
 class GammaConfig(Settings):
     policy: str = knob("fixed", "--gamma-policy", "speculation length: fixed (--gamma), hf (+2/-1), ema (tiers), "
                        "confidence (stop below --gamma-p-min) or cost (goodput-optimal); --gamma caps the others",
-                       choices=GAMMA_POLICIES)
+                       choices=GAMMA_POLICIES, selects="γ controller")
     p_min: float = knob(0.75, "--gamma-p-min", "confidence: stop drafting when the draft's top probability is below this",
-                        ok=between(0.0, 1.0), rule="must be in [0, 1]")
+                        ok=between(0.0, 1.0), rule="must be in [0, 1]", needs=("policy", "confidence"))
     ema_rate: float = knob(0.3, "--gamma-ema-rate", "ema: weight of the newest iteration's accepted drafts",
-                           ok=lambda x: 0.0 < x <= 1.0, rule="must be in (0, 1]")
+                           ok=lambda x: 0.0 < x <= 1.0, rule="must be in (0, 1]", needs=("policy", "ema"))
     # cost: per-iteration decay of the α-by-position counts (tracks a shift; also re-explores)
     decay: float = knob(0.98, "--gamma-cost-decay", "cost: per-iteration decay of the α-by-position counts",
-                        ok=lambda x: 0.0 < x <= 1.0, rule="must be in (0, 1]")
+                        ok=lambda x: 0.0 < x <= 1.0, rule="must be in (0, 1]", needs=("policy", "cost"))
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class CostProfile:
 
 def _forward_ms(lm, ids: torch.Tensor) -> float:
     """ms of scoring ids [1, w] after the cached prefix; the cache is cropped back after."""
+    import torch
+
     base, sync = lm.cache_len, lm.device.type == "cuda"
     if sync:
         torch.cuda.synchronize(lm.device)
@@ -86,6 +90,8 @@ def profile_costs(target, draft, prompt: Sequence[int], gamma: int, reps: int = 
     None) after `prompt`: the widths are interleaved rep by rep, so that a busy spell of a shared
     machine lands on all of them, and each keeps its fastest rep (the first is a warm-up).
     Leaves both caches reset."""
+    import torch
+
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=target.device)
     feed = ids[:, -1:].repeat(1, gamma + 1)
     out = []
@@ -208,6 +214,8 @@ class CostModel(GammaController):
         return [r * self.one_token_ms for r in self.ratio]
 
     def _best(self) -> int:
+        from drift_cli import metrics
+
         alphas, verify = self.alphas(), self.verify_ms()
         rates = [metrics.goodput(alphas, k, self.draft_ms, verify, self.overhead_ms) for k in range(self.gamma_max + 1)]
         return max(range(len(rates)), key=lambda k: (rates[k], -k))
@@ -222,6 +230,8 @@ class CostModel(GammaController):
             self.drafted[i] += 1.0
             self.accepted[i] += float(accepted > i)
         if record is not None:
+            from drift_cli import metrics
+
             if drafted:
                 self.draft_ms = self._ema(self.draft_ms, record.draft_ms / drafted)
             self.one_token_ms = self._ema(self.one_token_ms, record.forward_target_ms / self.ratio[drafted])

@@ -31,7 +31,7 @@ from drift_cli.engine.gamma import CostProfile, GammaConfig, GammaController, co
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.sampling import Sampler
 from drift_cli.engine.timing import IterationClock
-from drift_cli.methods.base import DraftPolicy, Feedback, Proposal, Rows
+from drift_cli.engine.policy import DraftPolicy, Feedback, Proposal, Rows
 from drift_cli.stream import Stream
 
 
@@ -212,7 +212,8 @@ class Decoder:
         `out` (in finishing order; a KeyboardInterrupt leaves the finished ones there). Returns
         the next step index."""
         cfg, policy, target = self.cfg, self.policy, self.target
-        b = max(1, cfg.batch_size)
+        prompts = list(prompts)
+        b = max(1, min(cfg.batch_size, len(prompts)))   # slots beyond the prompts would stay empty
         target.reset_rows(b)
         policy.begin_batch(b)
         queue = iter(prompts)

@@ -43,10 +43,20 @@ def _no_neighbours(rows: int, k: int, device) -> Neighbours:
                       torch.full((rows, k), float("-inf"), device=device), torch.zeros(rows, k, device=device))
 
 
+def check_bank_fits(cfg: DriftConfig, dim: int, vocab: int, device, key_bytes: int) -> None:
+    """Refuse a bank that cannot be allocated (one tenant's), naming what it would need."""
+    from drift_cli.machine import available_memory
+
+    need, free = cfg.bank_bytes(dim, vocab, key_bytes), available_memory(device)
+    if free is not None and need > free:
+        raise BadInput(f"--bank-size {cfg.bank_size} needs {need / 2**30:.2f} GiB for one tenant's bank "
+                       f"({cfg.bank_size} prototypes: keys of {dim}, support {cfg.support or vocab}), more than the "
+                       f"{free / 2**30:.2f} GiB of {device.type} memory this process can allocate")
+
+
 class DriftMethod(ModelDraftPolicy):
     name = "drift"
     description = "the static draft plus the DRIFT bank: gradient-free recalibration from verification feedback"
-    configs = (DriftConfig, DriftFiles)
 
     def __init__(self, draft: torch.nn.Module, cfg: DriftConfig = DriftConfig(), *, fingerprint: str | None = None,
                  bank_in: Path | None = None, bank_out: Path | None = None,
@@ -62,6 +72,7 @@ class DriftMethod(ModelDraftPolicy):
         self.books_factory, self.backend = books_factory, backend
         head = self.lm.head.linear.weight                            # [V, d] (the output head's own layer)
         self.dim, self.device, self.key_dtype = head.shape[1], head.device, head.dtype
+        check_bank_fits(self.cfg, self.dim, self.lm.vocab_size, self.device, self.key_dtype.itemsize)
         self.banks: dict[str, DriftBank] = {}
         self.bank: DriftBank | None = None
         self.tenant = DEFAULT_TENANT

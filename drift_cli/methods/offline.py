@@ -3,28 +3,16 @@ target (the strong reference; built and cached by the zoo, or given with --offli
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from drift_cli.divergence import divergence_knob
 from drift_cli.errors import BadInput
-from drift_cli.knobs import Settings, knob
 from drift_cli.methods.base import MethodContext, ModelDraftPolicy
-
-
-@dataclass(frozen=True)
-class OfflineConfig(Settings):
-    draft: str | None = knob(None, "--offline-draft", "offline draft checkpoint (default: the zoo's, built on demand)")
-    divergence: str = divergence_knob()
-    # the zoo's offline draft distilled on sequences the draft itself generated (on-policy data)
-    on_policy: bool = knob(False, "--offline-on-policy", "offline: the zoo's draft distilled on on-policy data "
-                           "(sequences the draft generates) instead of off-policy text", off_flag="--offline-off-policy")
+from drift_cli.methods.settings import OfflineConfig
 
 
 class Offline(ModelDraftPolicy):
     name = "offline"
     description = "the draft distilled offline on the scenario's train split"
-    configs = (OfflineConfig,)
 
     @classmethod
     def build(cls, ctx: MethodContext) -> "Offline":

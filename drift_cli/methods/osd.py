@@ -30,7 +30,6 @@ _D = OSDConfig()
 class OnlineDistillation(ModelDraftPolicy):
     name = "osd"
     description = "online speculative decoding: AdamW distillation of the draft from a replay buffer of verification feedback"
-    configs = (OSDConfig,)
 
     def __init__(self, draft: torch.nn.Module, cfg: OSDConfig = OSDConfig(), seed: int = 0) -> None:
         self.shared = draft                                   # read only: the reset point of every stream

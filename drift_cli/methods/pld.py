@@ -10,21 +10,13 @@ O(max_ngram) instead of a scan of the context. Batches: one index per slot (its 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from drift_cli.engine.sampling import Sampler
-from drift_cli.knobs import Settings, at_least, knob
 from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal, Rows, as_rows, ragged
-
-
-@dataclass(frozen=True)
-class PldConfig(Settings):
-    # longest n-gram matched; shorter ones down to 1 are tried after it
-    max_ngram: int = knob(3, "--pld-max-ngram", "pld: longest n-gram matched against the context (then shorter, down to 1)",
-                          ok=at_least(1), rule="must be >= 1")
+from drift_cli.methods.settings import PldConfig
 
 
 class NgramIndex:
@@ -58,7 +50,6 @@ class NgramIndex:
 class PromptLookup(DraftPolicy):
     name = "pld"
     description = "prompt-lookup drafting: copy what followed the last n-gram's previous occurrence (no draft model)"
-    configs = (PldConfig,)
 
     def __init__(self, cfg: PldConfig = PldConfig()) -> None:
         self.cfg = cfg.validate()

@@ -14,41 +14,23 @@ tenant share its stream trie, which a row's output joins when the row finishes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 import torch
 
 from drift_cli.engine.sampling import Sampler
-from drift_cli.knobs import Settings, at_least, between, knob
 from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal, Rows, as_rows, ragged
+from drift_cli.methods.settings import SuffixConfig
 from drift_cli.suffix_tree import Draft, SuffixCache, SuffixTrie
 
 DEFAULT_TENANT = "default"
 PROMPT_DOC = 0
 
 
-@dataclass(frozen=True)
-class SuffixConfig(Settings):
-    # longest suffix kept in the tries (vLLM's default tree depth)
-    max_depth: int = knob(24, "--suffix-max-depth", "suffix: longest suffix kept and matched",
-                          ok=at_least(1), rule="must be >= 1")
-    # draft length <= match length x this factor (and <= γ)
-    max_spec_factor: float = knob(1.0, "--suffix-max-spec-factor", "suffix: draft at most match length x this many tokens",
-                                  ok=lambda x: 0 < x < float("inf"), rule="must be > 0")
-    # stop the draft when its path probability drops below this
-    min_token_prob: float = knob(0.1, "--suffix-min-token-prob", "suffix: stop drafting below this path probability",
-                                 ok=between(0.0, 1.0), rule="must be in [0, 1]")
-    # output tokens held by the stream tries, all tenants together
-    max_tokens: int = knob(65536, "--suffix-max-tokens",
-                           "suffix: output tokens kept from earlier prompts, oldest evicted first",
-                           ok=at_least(1), rule="must be >= 1")
-
-
 class SuffixDecoding(DraftPolicy):
     name = "suffix"
     description = "suffix-tree drafting over the stream's earlier outputs and the current context (no draft model)"
-    configs = (SuffixConfig,)
 
     def __init__(self, cfg: SuffixConfig = SuffixConfig()) -> None:
         self.cfg = cfg.validate()

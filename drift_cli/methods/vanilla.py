@@ -10,13 +10,13 @@ from typing import Any
 import torch
 
 from drift_cli.methods.base import Feedback, MethodContext, ModelDraftPolicy
-from drift_cli.residuals import ResidualConfig, ResidualRecorder, spectrum
+from drift_cli.methods.settings import ResidualConfig
+from drift_cli.residuals import ResidualRecorder, spectrum
 
 
 class Vanilla(ModelDraftPolicy):
     name = "vanilla"
     description = "speculative decoding with the static draft"
-    configs = (ResidualConfig,)
 
     def __init__(self, draft: torch.nn.Module, residuals: int = 0) -> None:
         super().__init__(draft)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # a runtime import would cycle: drift_cli.methods imports the osd method
-    from drift_cli.methods.base import Feedback
+    from drift_cli.engine.policy import Feedback
 
 
 @dataclass

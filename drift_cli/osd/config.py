@@ -6,9 +6,13 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from drift_cli.divergence import divergence_knob
-from drift_cli.knobs import Settings, at_least, knob
+from drift_cli.knobs import Settings, at_least, between, knob
+from drift_cli.methods.settings import divergence_knob
 
+MAX_STEPS = 1000
+MAX_LR = 1.0
+MAX_CLIP = 1e6        # a norm beyond float32's comfort; 0 turns clipping off
+MAX_BUFFER = 2**31 - 1
 
 
 TRAINED = ("all", "last")
@@ -24,15 +28,16 @@ class OSDConfig(Settings):
     # U: an update after every U verification steps; inf = never (frozen draft)
     interval: float = knob(4.0, "--osd-interval", "OSD: update after every U verification steps; inf = never",
                            ok=_whole_or_inf, rule="must be a whole number >= 1 or inf")
-    steps: int = knob(4, "--osd-steps", "OSD: AdamW steps per update", ok=at_least(1), rule="must be >= 1")
+    steps: int = knob(4, "--osd-steps", "OSD: AdamW steps per update", ok=between(1, MAX_STEPS),
+                      rule=f"must be in [1, {MAX_STEPS}] (the steps of one update run inside one verification step)")
     # buffered positions per AdamW step (fewer while the buffer is smaller)
     batch: int = knob(16, "--osd-batch", "OSD: buffered positions per AdamW step", ok=at_least(1), rule="must be >= 1")
-    lr: float = knob(1e-3, "--osd-lr", "OSD: AdamW learning rate", ok=lambda x: 0 < x < math.inf,
-                     rule="must be > 0 and finite")                 # constant
-    clip: float = knob(1.0, "--osd-clip", "OSD: max gradient norm, 0 = off", ok=at_least(0.0),
-                       rule="must be >= 0 (0 = off)")
-    buffer: int = knob(512, "--osd-buffer", "OSD: replay buffer capacity in positions", ok=at_least(1),
-                       rule="must be >= 1")                         # FIFO
+    lr: float = knob(1e-3, "--osd-lr", "OSD: AdamW learning rate", ok=lambda x: 0 < x <= MAX_LR,
+                     rule=f"must be in (0, {MAX_LR:g}] (AdamW moves each weight by about lr per step)")  # constant
+    clip: float = knob(1.0, "--osd-clip", "OSD: max gradient norm, 0 = off", ok=between(0.0, MAX_CLIP),
+                       rule=f"must be in [0, {MAX_CLIP:g}] (0 = off)")
+    buffer: int = knob(512, "--osd-buffer", "OSD: replay buffer capacity in positions", ok=between(1, MAX_BUFFER),
+                       rule=f"must be in [1, {MAX_BUFFER}]")          # FIFO
     # target support stored per position; 0 (or >= V) = the full distribution
     topk: int = knob(64, "--osd-topk", "OSD: target probabilities kept per position, 0 = full distribution",
                      ok=at_least(0), rule="must be >= 0 (0 = full distribution)")

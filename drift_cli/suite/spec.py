@@ -24,13 +24,13 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
-
+from drift_cli.bench_config import BenchConfig, check_preset
 from drift_cli.errors import BadInput
+from drift_cli.knobs import Knob, coerce, default_of, knobs
 from drift_cli.registry import unknown
 
 SUITE_VERSION = 1
@@ -67,23 +67,37 @@ class Suite:
 
 
 @functools.cache                  # read once per process: a suite resolves every cell against them
-def _method_options() -> dict[str, click.Option]:
-    from drift_cli.commands.options import settings_options
+def _method_knobs() -> dict[str, tuple[Knob, Any]]:
+    """Every registered method's settings by option name: (knob, default)."""
     from drift_cli.methods import settings_classes
 
-    return {opt.name: opt for opt in settings_options(settings_classes())}
+    out: dict[str, tuple[Knob, Any]] = {}
+    for cls in settings_classes():
+        for f, k in knobs(cls):
+            if k.cli:
+                out.setdefault(k.name, (k, default_of(f)))
+    return out
+
+
+@functools.cache
+def _bench_knobs() -> dict[str, Knob]:
+    """BenchConfig's settings a suite sets, by field name (a cell's keyword arguments)."""
+    return {f.name: k for f, k in knobs(BenchConfig) if f.name not in NOT_SETTINGS}
 
 
 @functools.cache
 def _bench_fields() -> dict[str, Any]:
-    from drift_cli.bench import BenchConfig
-
     base = BenchConfig()
-    return {f.name: getattr(base, f.name) for f in fields(BenchConfig) if f.name not in NOT_SETTINGS}
+    return {name: getattr(base, name) for name in _bench_knobs()}
+
+
+def setting_knobs() -> dict[str, tuple[Knob, Any]]:
+    """Every setting a suite (or `--set`) may give, by name: (its knob, its default)."""
+    return {**{name: (k, _bench_fields()[name]) for name, k in _bench_knobs().items()}, **_method_knobs()}
 
 
 def _setting_names() -> list[str]:
-    return [*_bench_fields(), *_method_options()]
+    return [*_bench_fields(), *_method_knobs()]
 
 
 def _key(name: str, where: str) -> str:
@@ -94,27 +108,15 @@ def _key(name: str, where: str) -> str:
     return key
 
 
-@functools.cache
-def _bench_params() -> dict[str, click.Parameter]:
-    """`drift bench`'s options by name: a setting's type and check are its flag's."""
-    from drift_cli.commands.options import bench_params
-
-    return bench_params()
-
-
 def _value(key: str, value: Any, where: str) -> Any:
-    """Type-check one setting as its `drift bench` flag checks it."""
-    if key == "control":                 # the flag is --no-control
-        if not isinstance(value, bool):
-            raise BadInput(f"{where}: control must be true or false (got {value!r})")
-        return value
-    param = _bench_params()[key]
+    """Type-check one setting as its flag's kind (strictly: 1.5 is no integer, true no number);
+    its rule is checked with the cell's (`validate_cell`)."""
+    k = _bench_knobs()[key] if key in _bench_knobs() else _method_knobs()[key][0]
     try:
-        return param.type.convert(value, param, None)
-    except click.BadParameter as e:
-        raise BadInput(f"{where}: {key} = {value!r}: {e.format_message()}") from None
-    except (OverflowError, TypeError, ValueError, AttributeError):   # inf for an integer, a list or table, ...
-        raise BadInput(f"{where}: {key} = {value!r} is not a valid {param.type.name}") from None
+        value = coerce(k, value, check=False)
+    except BadInput as e:
+        raise BadInput(f"{where}: {key} = {e}") from None
+    return str(value) if isinstance(value, Path) else value
 
 
 def _table(raw: dict, name: str) -> dict:
@@ -186,27 +188,48 @@ def resolve_cell(base: dict, point: list[tuple[str, str, dict]]) -> Cell:
             explicit[k] = v
     if "corpus" in explicit and explicit["corpus"] is not None and "scenario" not in explicit:
         explicit["scenario"] = None
-    method_opts = _method_options()
+    method_opts = _method_knobs()
     settings = _bench_fields() | {k: v for k, v in explicit.items() if k not in method_opts}
-    settings["options"] = {k: explicit.get(k, opt.default) for k, opt in method_opts.items()}
+    settings["options"] = {k: explicit.get(k) for k in method_opts}
     return Cell(cell_key(settings), tuple((axis, label) for axis, label, _ in point), settings)
 
 
 def validate_cell(cell: Cell) -> None:
-    """The checks `drift bench` makes before loading a model, with the cell's coordinates in the message."""
-    from drift_cli.bench import BenchConfig, check_preset, resolve_scenario
-    from drift_cli.methods import resolve_methods
-
+    """The checks `drift bench` makes before loading a model, with the cell's coordinates in the
+    message. A setting that a cell's methods do not read is not refused here: a suite's [base]
+    may serve cells of other methods (`check_read` refuses one that no cell reads)."""
     cfg = BenchConfig(**cell.settings)
     try:
-        cfg.validate()
-        resolve_methods(cfg.methods)
+        cfg.validate(unread_ok=True)
         if cfg.corpus is None:
-            resolve_scenario(cfg)
+            from drift_cli import scenarios
+
+            scenarios.load_scenario(cfg.scenario)
         check_preset(cfg)
     except BadInput as e:
         where = ", ".join(f"{a}={v}" for a, v in cell.coords)
         raise BadInput(f"cell {where}: {e}") from None
+
+
+def check_read(path: Path, cells: list[Cell]) -> None:
+    """Refuse a method or controller setting that no cell of the suite reads (its flag would do nothing)."""
+    from drift_cli.bench_config import unread_option
+
+    given = {k for c in cells for k, v in c.settings["options"].items() if v is not None}
+    unread: dict[str, str] = {}
+    for cell in cells:
+        cfg = BenchConfig(**cell.settings)
+        for key in list(given):
+            message = unread_option(BenchConfig(**{**cell.settings, "options": {key: cfg.options[key]}}))
+            if message is None:
+                given.discard(key)
+                unread.pop(key, None)
+            else:
+                unread.setdefault(key, message)
+        if not given:
+            return
+    key = sorted(given)[0]
+    raise BadInput(f"{path}: setting {key} is read by no cell of the suite ({unread[key].partition(', which')[0]})")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -335,12 +358,13 @@ def load_suite(path: Path, overrides: dict[str, Any] | None = None, quick: bool 
             continue
         cell = resolve_cell(base, list(combo))
         cells.setdefault(cell.key, cell)      # two points that resolve alike are one cell
-    checked: set[tuple] = set()
+    checked: dict[tuple, Cell] = {}
     for cell in cells.values():
         sig = tuple(sorted((k, str(v)) for k, v in cell.settings.items() if k != "seed"))
         if sig not in checked:            # the seed never makes a cell invalid
-            checked.add(sig)
+            checked[sig] = cell
             validate_cell(cell)
+    check_read(path, list(checked.values()))
     if not cells:
         raise BadInput(f"{path}: [[exclude]] or [quick.keep] leaves the suite no cells")
     name = path.stem + (QUICK_SUFFIX if quick else "")

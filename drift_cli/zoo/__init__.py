@@ -1,7 +1,19 @@
-"""The built-in model zoo: one shared tokenizer, a target, a shifted draft and offline drafts."""
+"""The built-in model zoo: one shared tokenizer, a target, a shifted draft and offline drafts.
 
-from drift_cli.zoo.build import ZooPair, ensure_offline_draft, ensure_zoo, load_model, preset_names, zoo_status
-from drift_cli.zoo.presets import PRESETS, ZooPreset
+The presets (`drift_cli.zoo.presets`) are plain data and load at once; the builders
+(`drift_cli.zoo.build`, torch and transformers) load on first use of one of their names.
+"""
 
-__all__ = ["PRESETS", "ZooPair", "ZooPreset", "ensure_offline_draft", "ensure_zoo", "load_model",
-           "preset_names", "zoo_status"]
+from drift_cli.zoo.presets import PRESETS, ZooPreset, preset_names
+
+_BUILD = ("ZooPair", "ensure_offline_draft", "ensure_zoo", "load_model", "zoo_status")
+
+__all__ = ["PRESETS", "ZooPreset", "preset_names", *_BUILD]
+
+
+def __getattr__(name: str):
+    if name in _BUILD:
+        from drift_cli.zoo import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module 'drift_cli.zoo' has no attribute {name!r}")

@@ -18,13 +18,14 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from drift_cli.divergence import DIVERGENCES
+from drift_cli.methods.settings import DIVERGENCES
 from drift_cli.errors import BadInput
 from drift_cli.registry import unknown
 from drift_cli.zoo import cache
 from drift_cli.zoo.distill import distill
 from drift_cli.zoo.models import llama_config, new_model, parameter_count, per_token_flops, weights_sha256
-from drift_cli.zoo.presets import PRESETS, PRETRAINED, ModelShape, TrainRecipe, ZooPreset, pretrained_preset
+from drift_cli.zoo.presets import (PRESETS, PRETRAINED, ModelShape, TrainRecipe, ZooPreset, preset_names,  # noqa: F401
+                                   pretrained_preset)
 from drift_cli.zoo.tokenizer import budgeted, encode_documents, load_tokenizer, train_tokenizer
 from drift_cli.zoo.training import (DomainSampler, Progress, cpu_threads, next_token_loss, run_steps,
                                     training_device, windows)
@@ -40,10 +41,6 @@ class ZooPair:
     tokenizer: Path
     target: Path
     draft: Path
-
-
-def preset_names() -> list[str]:
-    return list(PRESETS) + list(PRETRAINED)
 
 
 def get_preset(name: str) -> ZooPreset:

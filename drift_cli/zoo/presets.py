@@ -199,6 +199,10 @@ PRETRAINED: dict[str, PretrainedPreset] = {
 }
 
 
+def preset_names() -> list[str]:
+    return list(PRESETS) + list(PRETRAINED)
+
+
 DRAFT_VARIANT = "-d"     # "smollm-d4": the smollm preset with a draft of the target's first 4 layers
 
 
