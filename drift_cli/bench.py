@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from drift_cli import metrics
+from drift_cli import interrupt, metrics
 from drift_cli.bench_config import CONTROL_SCENARIO, BenchConfig, check_preset  # noqa: F401 (re-exported)
 from drift_cli.engine.gamma import GammaConfig, profile_costs
 from drift_cli.engine.lm import CausalLM
@@ -326,8 +326,12 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
     models = load_models(cfg, progress)
     stream = load_stream(cfg, models.pair.tokenizer, scenario)
     runs, skipped = run_methods(names, models, stream, cfg, progress, explicit)
-    methods = summarise(runs, cfg, models.pair.target)
-    complete = all(r.complete for r in runs.values()) and len(runs) + len(skipped) == len(names)
+    # From here on the main stream's runs are kept whatever signal comes: the summaries and the
+    # envelope hold it (the run is then marked incomplete); the control and the batch curve are
+    # runs of their own and stop as any run does.
+    with interrupt.held() as late:
+        methods = summarise(runs, cfg, models.pair.target)
+    complete = not late and all(r.complete for r in runs.values()) and len(runs) + len(skipped) == len(names)
 
     control_runs: dict[str, StreamRun] = {}
     control = None
@@ -337,22 +341,27 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
             control_runs, _ = run_methods(["ar", "vanilla"], models, cstream, cfg, progress)
         except KeyboardInterrupt:   # nothing of the control finished; the main stream did
             control_runs = {}
-        control = summarise(control_runs, cfg)
-        complete = len(control_runs) == 2 and all(r.complete for r in control_runs.values())
+        with interrupt.held() as late:
+            control = summarise(control_runs, cfg)
+        complete = not late and len(control_runs) == 2 and all(r.complete for r in control_runs.values())
 
     curve_steps: list[dict] = []
     curve = None
     if cfg.batch_sizes and complete:
-        curve, curve_steps, complete = batch_curve(names, models, stream, cfg, methods, progress, explicit)
+        try:
+            curve, curve_steps, complete = batch_curve(names, models, stream, cfg, methods, progress, explicit)
+        except KeyboardInterrupt:
+            curve, curve_steps, complete = None, [], False
 
-    run = envelope(cfg, "+".join(n for n in names if n != "ar") or "ar", models, stream, runs, methods,
-                   methods_run=list(runs), methods_skipped=skipped)
-    run["complete"] = complete
-    run["control"] = control or {}
-    run["comparisons"] = comparisons(methods, control)
-    if curve is not None:
-        run["batch_curve"] = curve
-    steps = step_records(runs) + step_records(control_runs, "control") + curve_steps
+    with interrupt.held() as late:
+        run = envelope(cfg, "+".join(n for n in names if n != "ar") or "ar", models, stream, runs, methods,
+                       methods_run=list(runs), methods_skipped=skipped)
+        run["complete"] = complete and not late
+        run["control"] = control or {}
+        run["comparisons"] = comparisons(methods, control)
+        if curve is not None:
+            run["batch_curve"] = curve
+        steps = step_records(runs) + step_records(control_runs, "control") + curve_steps
     return run, steps
 
 

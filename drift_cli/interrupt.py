@@ -81,19 +81,28 @@ def exit_incomplete(path: Path | str) -> NoReturn:
 
 
 @contextlib.contextmanager
-def deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM until the block is done, then raise the first one that came."""
+def held() -> Iterator[list[int]]:
+    """Hold SIGINT/SIGTERM until the block is done; yield the list of those that came (recorded
+    as received, not raised): for work whose result must survive a late signal."""
     pending: list[int] = []
     try:
         previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in SIGNALS}
     except ValueError:   # not the main thread: signals cannot arrive here anyway
-        yield
+        yield pending
         return
     try:
-        yield
+        yield pending
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if pending:
+            _received.append(pending[0])
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block is done, then raise the first one that came."""
+    with held() as pending:
+        yield
     if pending:
-        _received.append(pending[0])
         _raise(pending[0])

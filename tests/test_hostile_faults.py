@@ -268,8 +268,6 @@ def test_signals_at_several_points_leave_nothing_or_a_complete_run(pair, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="a signal after the last method's stream, while run_bench summarises, loses the "
-                          "finished run: nothing catches it before the final write", strict=False)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_once_every_method_has_finished_keeps_the_run(pair, tmp_path, sig):
     """After all four methods, around the final write: the run is written (complete, or marked

@@ -39,7 +39,8 @@ def test_a_shipped_draft_installs_as_its_build_within_float16(tmp_path, monkeypa
 
     out = tmp_path / "installed"
     out.mkdir()
-    record = shipped.install_shipped("toy", target, tiny_tokenizer(), 2, out)
+    cut = cut_draft(target, 2, shipped.shipped_vocabulary("toy"))
+    record = shipped.install_shipped("toy", cut, tiny_tokenizer(), out)
     assert record["source"] == shipped.SOURCE and record["built"] == {"wall_time_s": 12.0}
     assert record["agreement_after"] == 0.5
     cache.write_json_atomic(out / "build.json", record)

@@ -416,7 +416,8 @@ def ensure_pretrained_zoo(p: PretrainedPreset, progress: Progress | None = None,
                 raise BadInput(f"zoo '{p.name}': a draft of {p.draft.layers} layers is not smaller than its "
                                f"{target.config.num_hidden_layers}-layer target")
             if not from_source and (shipped.shipped_recipe(p.name) or {}).get("hash") == recipe["hash"]:
-                _build(pair.draft, recipe, lambda out: shipped.install_shipped(p.name, target, tok, p.draft.layers, out))
+                cut = cut_draft(target, p.draft.layers, shipped.shipped_vocabulary(p.name))
+                _build(pair.draft, recipe, lambda out: shipped.install_shipped(p.name, cut, tok, out))
             else:
                 _build(pair.draft, recipe, lambda out: _train_draft(
                     p, target, tok, None, docs, p.draft_train, "fkl", False, out, progress, "draft"))

@@ -77,16 +77,17 @@ def write_shipped(preset: str, draft_dir: Path) -> Path:
     return final
 
 
-@torch.no_grad()
-def install_shipped(preset: str, target: torch.nn.Module, tokenizer, layers: int, out: Path) -> dict:
-    """The shipped draft, cut from `target` with the shipped tensors loaded over it, saved to
-    `out` (a build's temporary directory); returns its build record."""
-    from drift_cli.zoo.pretrained import cut_draft
+def shipped_vocabulary(preset: str) -> list[int]:
+    """The shipped draft's vocabulary subset (the ids its head rows score, in order)."""
+    return json.loads((shipped_dir(preset) / "config.json").read_text())[VOCAB_SUBSET_KEY]
 
+
+@torch.no_grad()
+def install_shipped(preset: str, draft: torch.nn.Module, tokenizer, out: Path) -> dict:
+    """`draft`, freshly cut from the target over `shipped_vocabulary(preset)`, with the shipped
+    tensors loaded over it, saved to `out` (a build's temporary directory); returns its build record."""
     src = shipped_dir(preset)
-    config = json.loads((src / "config.json").read_text())
-    ids = config[VOCAB_SUBSET_KEY]
-    draft = cut_draft(target, layers, ids)
+    ids = shipped_vocabulary(preset)
     tensors = load_file(str(src / "draft.safetensors"))
     state = draft.state_dict()
     missing = sorted(k for k in state if _trained(k) and k not in tensors)
