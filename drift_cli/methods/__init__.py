@@ -19,6 +19,7 @@ from drift_cli.engine.gamma import GammaConfig
 from drift_cli.methods.ar import Autoregressive
 from drift_cli.methods.base import DraftPolicy
 from drift_cli.methods.drift import DriftMethod
+from drift_cli.methods.hybrid import Hybrid
 from drift_cli.methods.offline import Offline
 from drift_cli.methods.osd import OnlineDistillation
 from drift_cli.methods.pld import PromptLookup
@@ -29,7 +30,7 @@ from drift_cli.registry import Registry
 
 METHODS: Registry[type[DraftPolicy]] = Registry("method")
 ENTRY_POINT_GROUP = "drift_bench.methods"
-for _cls in (Autoregressive, Vanilla, DriftMethod, Offline, OnlineDistillation, PromptLookup, SuffixDecoding):
+for _cls in (Autoregressive, Vanilla, DriftMethod, Offline, OnlineDistillation, PromptLookup, SuffixDecoding, Hybrid):
     METHODS.register(_cls.name)(_cls)
 
 
