@@ -76,8 +76,8 @@ class StepRecord:
     gamma: int = 0               # the γ the controller chose (before the generation-budget cut)
     source: str = ""             # which source proposed the row (`hybrid`: its copying or model source, or
     #                              "none" with no draft budget); "" for a single-source method
-    choose_ms: float = 0.0       # `hybrid` choosing the row's source (its copying lookup, the rule, the
-    #                              merge of the two proposals), inside draft_ms
+    choose_ms: float = 0.0       # `hybrid` choosing the row's source (the rule, the merge of the two
+    #                              sources' proposals, the labels), inside draft_ms
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -40,7 +40,8 @@ import torch
 
 from drift_cli.engine.sampling import Sampler
 from drift_cli.knobs import Settings, at_least, knob
-from drift_cli.methods.base import DraftPolicy, Feedback, MethodContext, ModelDraftPolicy, Proposal, Rows, as_rows
+from drift_cli.methods.base import (DraftPolicy, Feedback, MethodContext, ModelDraftPolicy, Proposal, Rows, as_rows,
+                                    ragged)
 from drift_cli.methods.drift import DriftMethod
 from drift_cli.methods.offline import Offline
 from drift_cli.methods.osd import OnlineDistillation
@@ -262,29 +263,32 @@ class Hybrid(DraftPolicy):
         context = as_rows(context)
         self._sync()
         budgets = context.budgets(gamma)
+        # the copying source's drafts: its own drafting (timed as draft, not as the choice)
+        picks = [copying_draft(self.copy, s, n) for s, n in zip(context.slots, budgets, strict=True)]
         with self.clock.span("choose"):
-            picks = [copying_draft(self.copy, s, n) for s, n in zip(context.slots, budgets, strict=True)]
             for pick, s in zip(picks, context.slots, strict=True):
                 pick.copy = self._copies(pick, s)
             model_ix = [i for i, (p, n) in enumerate(zip(picks, budgets, strict=True)) if not p.copy and n > 0]
         self._picks = picks
-        device = context.ids[0].device
         model = None
         if model_ix:
             sub = Rows([context.slots[i] for i in model_ix], [context.ids[i] for i in model_ix],
                        [context.tenants[i] for i in model_ix], [budgets[i] for i in model_ix])
             model = self.model.propose(sub, max(sub.budget), sampler)
-        with self.clock.span("choose"):
-            if model is not None and len(model_ix) == len(context):   # every row from the model: as it is
-                out = model
-            else:
+        if model is None:                    # every row copies (or has no budget): the copying proposal
+            out = ragged([p.tokens if p.copy else [] for p in picks], context.ids[0].device)
+        elif len(model_ix) == len(context):  # every row from the model: its proposal as it is
+            out = model
+        else:
+            with self.clock.span("choose"):
                 copied = {i: p.tokens for i, p in enumerate(picks) if p.copy}
-                out = merge(len(context), copied, model_ix, model, self.vocab, device)
+                out = merge(len(context), copied, model_ix, model, self.vocab, context.ids[0].device)
+        with self.clock.span("choose"):
             out.source = [self.copy_name if p.copy else self.model_name if n > 0 else NONE
                           for p, n in zip(picks, budgets, strict=True)]
-            for p in picks:
-                if p.copy and p.trie:
-                    self.copy.drafts_from[p.trie] += 1
+        for p in picks:
+            if p.copy and p.trie:
+                self.copy.drafts_from[p.trie] += 1
         return out
 
     def commit(self, context: Rows) -> None:
