@@ -66,8 +66,9 @@ class HybridConfig(Settings):
     rule: str = knob("score", "--hybrid-rule", "hybrid: when a row copies (score: the copying draft's expected "
                      "accepted length; length: its length; learned: its length under the row's running acceptance)",
                      choices=RULES)
-    # the score and learned rules: copy when the expected accepted length is at least this
-    min_score: float = knob(1.0, "--hybrid-min-score", "hybrid: score/learned rules: copy when the copying draft's "
+    # the score and learned rules: copy when the expected accepted length is at least this (tuned on
+    # the micro zoo's dev streams, docs/model_free.md)
+    min_score: float = knob(0.75, "--hybrid-min-score", "hybrid: score/learned rules: copy when the copying draft's "
                             "expected accepted length is at least this", ok=at_least(0.0), rule="must be >= 0 and finite")
     # the length rule: copy when the copying draft has at least this many tokens
     min_length: int = knob(2, "--hybrid-min-length", "hybrid: length rule: copy when the copying draft has at "
@@ -157,34 +158,27 @@ def _pad(t: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(t.shape[0], width - t.shape[1], *t.shape[2:])], dim=1)
 
 
-def merge(b: int, copied: dict[int, list[int]], model_ix: list[int], model: Proposal | None, vocab: int,
-          device) -> Proposal:
+def merge(b: int, copied: dict[int, list[int]], model_ix: list[int], model: Proposal, vocab: int, device) -> Proposal:
     """One proposal for b rows: row i copies copied[i] (a point mass) or, for i in model_ix (in
-    order), takes its row of the model's proposal. q, hidden, base logits and top probabilities
-    are kept where the model's proposal has them (a copied row: its one-hot q, zeros, 1.0)."""
+    order), takes its row of the model's proposal. What verification reads is merged: the tokens,
+    q where the model's proposal has it (a copied row's q: its one-hot), the top probabilities
+    (a copied row's: 1.0). The model's hidden states and base logits stay in its own proposal
+    (`Hybrid.observe` hands that to the model source)."""
     lengths = [0] * b
     for i, toks in copied.items():
         lengths[i] = len(toks)
-    if model is not None:
-        for j, n in zip(model_ix, model.lengths, strict=True):
-            lengths[j] = n
+    for j, n in zip(model_ix, model.lengths, strict=True):
+        lengths[j] = n
     width = max(lengths, default=0)
-    tokens = torch.zeros(b, width, dtype=torch.long, device=device)
-    for i, toks in copied.items():
-        tokens[i, :len(toks)] = torch.tensor(toks, dtype=torch.long, device=device)
+    rows = [copied.get(i, []) for i in range(b)]
+    tokens = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
     out = Proposal(tokens, num_draft=torch.tensor(lengths, dtype=torch.long))
-    if model is not None and model.k > 0:
+    if model.k > 0:
         at = torch.tensor(model_ix, dtype=torch.long, device=device)
         tokens[at, :model.k] = model.tokens
         if model.q is not None:                  # sampling: a copied row's q is its point mass
             out.q = torch.zeros(b, width, vocab, dtype=model.q.dtype, device=device).scatter_(-1, tokens[..., None], 1.0)
             out.q[at] = _pad(model.q, width)
-        for name in ("hidden", "base_logits"):
-            t = getattr(model, name)
-            if t is not None:
-                full = t.new_zeros(b, width, *t.shape[2:])
-                full[at] = _pad(t, width)
-                setattr(out, name, full)
         if model.top_prob is not None:
             out.top_prob = torch.ones(b, width, dtype=model.top_prob.dtype, device=device)
             out.top_prob[at] = _pad(model.top_prob, width)
@@ -204,6 +198,7 @@ class Hybrid(DraftPolicy):
         assert self.copy_name != self.model_name and NONE not in (self.copy_name, self.model_name)
         self.vocab = model.lm.vocab_size
         self._committed: Rows | None = None
+        self._model_prop: Proposal | None = None        # the model source's last proposal, as it made it
         self._reset_figures()
 
     @classmethod
@@ -270,11 +265,11 @@ class Hybrid(DraftPolicy):
                 pick.copy = self._copies(pick, s)
             model_ix = [i for i, (p, n) in enumerate(zip(picks, budgets, strict=True)) if not p.copy and n > 0]
         self._picks = picks
-        model = None
+        self._model_prop = model = None
         if model_ix:
             sub = Rows([context.slots[i] for i in model_ix], [context.ids[i] for i in model_ix],
                        [context.tenants[i] for i in model_ix], [budgets[i] for i in model_ix])
-            model = self.model.propose(sub, max(sub.budget), sampler)
+            model = self._model_prop = self.model.propose(sub, max(sub.budget), sampler)
         if model is None:                    # every row copies (or has no budget): the copying proposal
             out = ragged([p.tokens if p.copy else [] for p in picks], context.ids[0].device)
         elif len(model_ix) == len(context):  # every row from the model: its proposal as it is
@@ -308,8 +303,11 @@ class Hybrid(DraftPolicy):
         self.model_steps += len(model_ix)
         self.copied_steps += sum(s == self.copy_name for s in sources)
         if model_ix:
-            whole = len(model_ix) == len(sources)
-            self.model.observe(feedback if whole else sub_feedback(feedback, model_ix, select_rows(prop, model_ix)))
+            if len(model_ix) == len(sources):       # the model's proposal went to verification as it was
+                self.model.observe(feedback)
+            else:                                   # its own proposal, cut as verification cut its rows
+                mine = self._model_prop.fit([lengths[i] for i in model_ix])
+                self.model.observe(sub_feedback(feedback, model_ix, mine))
         if self.cfg.rule == "learned":
             self._learn_rates(feedback, sources)
         if self.cfg.learn_copied and copy_ix:
