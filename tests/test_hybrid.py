@@ -240,20 +240,6 @@ def test_learned_rule_rate_follows_copying_acceptance(models):
 # -- sampling -------------------------------------------------------------------------------------
 
 
-def _moving_drift(draft, moved: list):
-    from drift_cli.drift.config import DriftConfig
-
-    m = DriftMethod(draft, DriftConfig(gain=3.0, tau=0.0, sigma=1.0, bank_size=16, support=4))
-    adjust = m.adjust
-
-    def spy(h, z, sampler):
-        out = adjust(h, z, sampler)
-        moved.append(not torch.equal(out, z))
-        return out
-    m.adjust = spy
-    return m
-
-
 class _Counting(Hybrid):
     def propose(self, context, gamma, sampler):
         prop = super().propose(context, gamma, sampler)
@@ -272,6 +258,8 @@ def _sampling_hybrid(model, made: list, **cfg):
 @pytest.mark.stats
 @pytest.mark.parametrize("learn_copied", [False, True])
 def test_sampling_is_exact_at_batch_4_with_a_biased_drift(learn_copied):
+    from tests.test_sampling_exactness import _moving_drift
+
     draft, target = tiny_pair(vocab=VOCAB, seed=11)
     moved, made = [], []
     p = sampling_p_value(target, lambda: _sampling_hybrid(_moving_drift(draft, moved), made, learn_copied=learn_copied),

@@ -33,11 +33,12 @@ Both sources stay correct whoever proposed:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from drift_cli.drift.config import DriftFiles
 from drift_cli.engine.sampling import Sampler
 from drift_cli.knobs import Settings, at_least, knob
 from drift_cli.methods.base import (DraftPolicy, Feedback, MethodContext, ModelDraftPolicy, Proposal, Rows, as_rows,
@@ -204,7 +205,9 @@ class Hybrid(DraftPolicy):
     @classmethod
     def build(cls, ctx: MethodContext) -> "Hybrid":
         cfg = ctx.config(HybridConfig).validate()
-        return cls(COPY_SOURCES[cfg.copy].build(ctx), MODEL_SOURCES[cfg.model].build(ctx), cfg)
+        # --bank-in / --bank-out belong to the drift method itself (two writers of one file otherwise)
+        model_ctx = replace(ctx, configs={**ctx.configs, DriftFiles: DriftFiles()})
+        return cls(COPY_SOURCES[cfg.copy].build(ctx), MODEL_SOURCES[cfg.model].build(model_ctx), cfg)
 
     def _reset_figures(self) -> None:
         self.rate: dict[int, float] = {}                 # slot -> the learned rule's running acceptance
