@@ -190,10 +190,10 @@ def unread_option(cfg: BenchConfig, policies: Collection[str] | None = None) -> 
     """The first method or controller flag given that nothing in the run reads, as the message
     naming it and who would read it; None when every given flag is read. Defaults (None) are
     not given; a zoo preset's method defaults count as given values of the selector."""
-    from drift_cli.methods import owners, resolve_methods, settings_classes
+    from drift_cli.methods import owners, resolve_methods, settings_classes, with_sources
     from drift_cli.zoo.presets import method_defaults
 
-    running = set(resolve_methods(cfg.methods))
+    running = with_sources(set(resolve_methods(cfg.methods)), cfg.options)
     preset = method_defaults(cfg.zoo_name() if cfg.draft is None else None)
     readers: dict[str, list[str]] = {}           # option name -> the methods that read it (a flag may be shared)
     given = []

@@ -191,6 +191,30 @@ def predicted_speedup_measured(generations, ar_generations, verify_ratio: Sequen
     return float(np.mean(ratios)) if ratios else None
 
 
+NO_SOURCE = "none"   # by_source's label for rows of a multi-source method with nothing asked of them
+
+
+def by_source(steps) -> dict | None:
+    """A multi-source method's (`hybrid`) steps by the source that proposed them: each source's
+    share of the steps and its α and τ (the formulas above, on its steps), beside the totals;
+    the share of iteration time spent choosing the source (`choose_ms`). None for a
+    single-source method (no step names a source)."""
+    if not any(s.source for s in steps):
+        return None
+    groups: dict[str, list] = {}
+    for s in steps:
+        groups.setdefault(s.source or NO_SOURCE, []).append(s)
+    total = _sum(steps, "total_ms")
+    return {
+        "sources": {name: {"share": len(g) / len(steps), "iterations": len(g),
+                           "drafted_tokens": int(_sum(g, "drafted")), "accepted_tokens": int(_sum(g, "accepted")),
+                           "acceptance_rate": acceptance_rate(g), "mean_accepted_length": mean_accepted_length(g)}
+                    for name, g in groups.items()},
+        "choose_ms_per_step": _sum(steps, "choose_ms") / len(steps),
+        "choose_pct": 100.0 * _sum(steps, "choose_ms") / total if total else None,
+    }
+
+
 def gamma_histogram(steps, gamma: int) -> list[int]:
     """Iterations by the γ their controller chose, 0..gamma."""
     hist = [0] * (gamma + 1)
@@ -439,6 +463,7 @@ def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True, verify_rat
         "acceptance_by_entropy": acceptance_by_entropy(steps),
         "ar_match_rate": ar_match_rate(run.generations, ar_run.generations) if (greedy and ar_run) else None,
         "stream": stream_statistics(run.generations),
+        "by_source": by_source(steps),
         "complete": run.complete,
     }
     if switch_prompt is not None:

@@ -41,6 +41,24 @@ def method_table(title: str, methods: dict[str, dict]) -> Table:
     return t
 
 
+def source_table(methods: dict[str, dict]) -> Table | None:
+    """A multi-source method's (`hybrid`) steps by source: share, α and τ beside its totals
+    (metrics.by_source); None when no method has sources."""
+    rows = [(name, m, m["by_source"]) for name, m in methods.items() if m.get("by_source")]
+    if not rows:
+        return None
+    t = Table(title="sources (per step, which source proposed)", title_justify="left")
+    for col in ("method", "source", "share of steps", "α", "τ", "choosing % of iteration"):
+        t.add_column(col, justify="left" if col in ("method", "source") else "right")
+    for name, m, by in rows:
+        for source, s in by["sources"].items():
+            t.add_row(name, source, _f(s.get("share"), "{:.1%}"), _f(s.get("acceptance_rate")),
+                      _f(s.get("mean_accepted_length"), "{:.2f}"), "")
+        t.add_row(name, "all", "100.0%", _f(m.get("acceptance_rate")), _f(m.get("mean_accepted_length"), "{:.2f}"),
+                  _f(by.get("choose_pct"), "{:.2f}"))
+    return t
+
+
 def batch_curve_table(curve: dict) -> Table:
     """--batch-sizes: one row per (batch size, method)."""
     t = Table(title="batch-size curve (speedup and throughput vs ar at the same B)", title_justify="left")
@@ -61,6 +79,9 @@ def render_run(run: dict, console: Console, path: str | None = None) -> None:
     head = f"[bold]{run['scenario']}[/] ({run['split']}), γ={run['config'].get('gamma')}, T={run['config'].get('temperature')}"
     console.print(head + status + (f"  → {path}" if path else ""))
     console.print(method_table("methods", run["methods"]))
+    sources = source_table(run["methods"])
+    if sources is not None:
+        console.print(sources)
     if run.get("control"):
         console.print(method_table("indist control", run["control"]))
     s = run.get("stream", {})

@@ -165,10 +165,10 @@ def test_read_metric_paths():
 
 # --- the shipped suite ---------------------------------------------------------------------------
 
-def test_shipped_claims_suite_declares_all_16_claims():
+def test_shipped_claims_suite_declares_all_17_claims():
     suite = load_suite(CLAIMS_SUITE)
     spec = C.load_claims(suite)
-    assert [c.id for c in spec.claims] == list(range(1, 17))
+    assert [c.id for c in spec.claims] == list(range(1, 18))
     assert {c.seed for c in spec.claims} == {"000_fee7b5e6130b3396.txt", "004_43ee447c85fbbb1f.txt"}
     seeds = ROOT.parent / "shared" / "seeds"     # the seed files live beside the checkout, where they exist
     for c in spec.claims:
@@ -186,7 +186,7 @@ def test_shipped_claims_suite_declares_all_16_claims():
     assert all(c.copying for c in drift_rows)                              # copying control beside DRIFT rows
     quick = load_suite(CLAIMS_SUITE, quick=True)
     assert quick.name == "claims-quick" and {c.settings["zoo"] for c in quick.cells} == {"micro"}
-    assert len(quick.cells) <= 27
+    assert len(quick.cells) <= 33
 
 
 def test_claims_report_refuses_a_suite_without_claims(tmp_path, capsys):

@@ -74,6 +74,10 @@ class StepRecord:
     slot: int = 0                # the row's slot
     batch: int = 1               # rows in the iteration
     gamma: int = 0               # the γ the controller chose (before the generation-budget cut)
+    source: str = ""             # which source proposed the row (`hybrid`: its copying or model source, or
+    #                              "none" with no draft budget); "" for a single-source method
+    choose_ms: float = 0.0       # `hybrid` choosing the row's source (the rule, the merge of the two
+    #                              sources' proposals, the labels), inside draft_ms
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -283,16 +287,18 @@ class Decoder:
         phases = {name: ms.get(name, 0.0) for name in ("draft", "verify", "adapt")}
         split = dict(total_ms=total, draft_ms=phases["draft"], verify_ms=phases["verify"], adapt_ms=phases["adapt"],
                      other_ms=max(0.0, total - sum(phases.values())), adjust_ms=ms.get("adjust", 0.0),
-                     forward_draft_ms=ms.get("forward_draft", 0.0), forward_target_ms=ms.get("forward_target", 0.0))
+                     forward_draft_ms=ms.get("forward_draft", 0.0), forward_target_ms=ms.get("forward_target", 0.0),
+                     choose_ms=ms.get("choose", 0.0))
         if share != 1.0:
             split = {name: v * share for name, v in split.items()}
         records = []
+        sources = proposal.source or [""] * len(rows)
         for r, row in enumerate(rows):
             records.append(StepRecord(
                 prompt=row.index, step=step, drafted=drafted[r], accepted=acc[r], emitted=emitted[r], **split,
                 # instrumentation, outside the timed iteration:
                 target_entropy=_entropy(target_logits[r, : drafted[r]]) if drafted[r] else [],
-                slot=active[r], batch=len(rows), gamma=gamma))
+                slot=active[r], batch=len(rows), gamma=gamma, source=sources[r]))
             row.steps.append(records[-1])
             row.ids = new_ids[r]
             row.produced += emitted[r]

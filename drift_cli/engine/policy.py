@@ -71,6 +71,7 @@ class Proposal:
     num_draft: torch.Tensor | None = None    # [B] int64 on the CPU: tokens drafted per row (None: k each)
     top_prob: torch.Tensor | None = None     # [B, k] the top probability of each position's q' (only
     #                                          when a `confidence` γ controller asked for it)
+    source: list[str] | None = None          # per row: which source proposed it (`hybrid`; None: the method)
 
     @property
     def k(self) -> int:
@@ -85,7 +86,8 @@ class Proposal:
     def truncate(self, k: int) -> "Proposal":
         cut = lambda t: None if t is None else t[:, :k]  # noqa: E731
         nd = None if self.num_draft is None else self.num_draft.clamp(max=k)
-        return Proposal(self.tokens[:, :k], cut(self.q), cut(self.hidden), cut(self.base_logits), nd, cut(self.top_prob))
+        return Proposal(self.tokens[:, :k], cut(self.q), cut(self.hidden), cut(self.base_logits), nd, cut(self.top_prob),
+                        self.source)
 
     def fit(self, lengths: list[int]) -> "Proposal":
         """The proposal with row b cut to lengths[b] <= its drafts, the width to the longest."""

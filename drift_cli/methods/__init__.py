@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from drift_cli.drift.config import DriftConfig, DriftFiles
 from drift_cli.engine.gamma import GammaConfig
 from drift_cli.errors import BadInput
-from drift_cli.methods.settings import OfflineConfig, PldConfig, ResidualConfig, SuffixConfig
+from drift_cli.methods.settings import HybridConfig, OfflineConfig, PldConfig, ResidualConfig, SuffixConfig
 from drift_cli.osd.config import OSDConfig
 from drift_cli.registry import Registry
 
@@ -72,6 +72,7 @@ for _spec in (
     MethodSpec("osd", "drift_cli.methods.osd:OnlineDistillation", (OSDConfig,)),
     MethodSpec("pld", "drift_cli.methods.pld:PromptLookup", (PldConfig,)),
     MethodSpec("suffix", "drift_cli.methods.suffix:SuffixDecoding", (SuffixConfig,)),
+    MethodSpec("hybrid", "drift_cli.methods.hybrid:Hybrid", (HybridConfig,)),
 ):
     METHODS.add(_spec)
 
@@ -128,6 +129,15 @@ def settings_classes(names: list[str] | None = None) -> list[type]:
     for name in METHODS.names() if names is None else names:
         out += [c for c in method_settings(name) if c not in out]
     return out
+
+
+def with_sources(names: set[str], options: dict[str, Any]) -> set[str]:
+    """`names` with the methods a composed method runs inside itself (`hybrid`: its copying and
+    model sources, whose own settings it reads)."""
+    if "hybrid" not in names:
+        return names
+    default = HybridConfig()
+    return names | {options.get("hybrid_copy") or default.copy, options.get("hybrid_model") or default.model}
 
 
 def owners(cls: type) -> list[str]:

@@ -74,3 +74,29 @@ class SuffixConfig(Settings):
 
     def check_context(self, positions: int) -> None:
         within_context("--suffix-max-depth", self.max_depth, positions, "a suffix")
+
+
+HYBRID_COPY = ("suffix", "pld")                          # drift_cli.methods.hybrid maps them to methods
+HYBRID_MODEL = ("drift", "vanilla", "offline", "osd")
+HYBRID_RULES = ("score", "length", "learned")
+
+
+@dataclass(frozen=True)
+class HybridConfig(Settings):
+    copy: str = knob("suffix", "--hybrid-copy", "hybrid: the copying source", choices=HYBRID_COPY)
+    model: str = knob("drift", "--hybrid-model", "hybrid: the model source (its own settings apply unchanged)",
+                      choices=HYBRID_MODEL)
+    rule: str = knob("score", "--hybrid-rule", "hybrid: when a row copies (score: the copying draft's expected "
+                     "accepted length; length: its length; learned: its length under the row's running acceptance)",
+                     choices=HYBRID_RULES)
+    # the score and learned rules: copy when the expected accepted length is at least this (tuned on
+    # the micro zoo's dev streams, docs/model_free.md)
+    min_score: float = knob(0.75, "--hybrid-min-score", "hybrid: score/learned rules: copy when the copying draft's "
+                            "expected accepted length is at least this", ok=at_least(0.0), rule="must be >= 0 and finite")
+    # the length rule: copy when the copying draft has at least this many tokens
+    min_length: int = knob(2, "--hybrid-min-length", "hybrid: length rule: copy when the copying draft has at "
+                           "least this many tokens", ok=at_least(1), rule="must be >= 1")
+    # the model source also learns from the steps where copying proposed (a teacher-forced draft pass)
+    learn_copied: bool = knob(False, "--hybrid-learn-copied", "hybrid: the model source also learns from copied "
+                              "steps (a teacher-forced draft pass over them, timed as adaptation)",
+                              off_flag="--hybrid-no-learn-copied")

@@ -76,6 +76,37 @@ def results_table(suite: Suite, runs: dict[str, RunJson]) -> str:
     return "\n".join(lines)
 
 
+def source_text(group: list[RunJson], method: str) -> str | None:
+    """A multi-source method's sources in one row: 'source share α / τ' each, mean ± CI over the
+    row's seeds; None when the method has no sources here."""
+    names: dict[str, None] = {}
+    for r in group:
+        names.update(dict.fromkeys((r["methods"].get(method, {}).get("by_source") or {}).get("sources", {})))
+    if not names:
+        return None
+
+    def get(r, name, key):
+        return ((r["methods"][method].get("by_source") or {}).get("sources", {}).get(name) or {}).get(key)
+    return "; ".join(f"{name} {figure([get(r, name, 'share') for r in group], '{:.2f}')} of steps, "
+                     + " / ".join(figure([get(r, name, k) for r in group], fmt) for _, k, fmt in FIGURES[:2])
+                     for name in names)
+
+
+def sources_table(suite: Suite, runs: dict[str, RunJson]) -> str | None:
+    """Per row, each multi-source method's (`hybrid`) share of steps and α / τ per source."""
+    axes = row_axes(suite)
+    lines = []
+    for label, group in rows(suite, runs):
+        for m in method_names(group):
+            text = source_text(group, m)
+            if text is not None:
+                lines.append("| " + " | ".join([*label, m, text]) + " |")
+    if not lines:
+        return None
+    head = [*axes, "method", "per source: share of steps, α / τ"]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *lines])
+
+
 def _plot(suite: Suite, runs: dict[str, RunJson], key: str, ylabel: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
@@ -128,7 +159,11 @@ def write_report(suite: Suite, root: Path, out: Path) -> Path:
               "Each figure is read from its cell's run.json (`<scenario>/<cell key>/run.json`); where a row has "
               "several seeds it is their mean ± the 95% CI half-width (Student t).", ""]
     if runs:
-        lines += [results_table(suite, runs), "", "![acceptance](acceptance.png)", "", "![speedup](speedup.png)", ""]
+        lines += [results_table(suite, runs), ""]
+        sources = sources_table(suite, runs)
+        if sources is not None:
+            lines += ["Which source proposed each step (`hybrid`):", "", sources, ""]
+        lines += ["![acceptance](acceptance.png)", "", "![speedup](speedup.png)", ""]
         _plot(suite, runs, "acceptance_rate", "acceptance rate α", out / "acceptance.png")
         _plot(suite, runs, "speedup", "speedup vs ar", out / "speedup.png")
     lines += ["## Cells", "", "| key | " + " | ".join(suite.axes) + " | state |", "|" + "---|" * (len(suite.axes) + 2)]
