@@ -140,7 +140,7 @@ def test_memory_is_reported_exactly():
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("gain", -1.0, "--gain must be >= 0"), ("eta", 0.0, "--eta must be in"), ("tau", 1.5, "--tau"),
+    ("gain", -1.0, "--gain must be in"), ("eta", 0.0, "--eta must be in"), ("tau", 1.5, "--tau"),
     ("neighbors", 0, "--neighbors"), ("sigma", 0.0, "--sigma"), ("bank_size", 0, "--bank-size"),
     ("support", 60, "exceeds the vocabulary"), ("key", "target", "--key must be one of"),
 ])
