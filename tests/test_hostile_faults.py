@@ -308,6 +308,8 @@ def _check_cache(cache: Path) -> None:
         if f.suffix == ".json":
             strict_loads(f.read_text())
     for build in (cache / "zoo").glob("micro-*/*/build.json"):
+        if any(part.startswith(".") for part in build.relative_to(cache / "zoo").parts):
+            continue     # a killed build's temporary: never read, removed by the next build
         info = json.loads(build.read_text())
         assert (build.parent / "recipe.json").is_file(), build   # written last, so complete
         if info.get("weights_sha256"):   # the weights are the ones the build recorded, whole
