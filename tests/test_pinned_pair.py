@@ -130,13 +130,13 @@ def test_a_rebuild_that_drops_acceptance_advises_pinning_files(pinned_rebuild, t
 def test_the_same_files_on_other_hardware_say_so(pinned_rebuild, capsys):
     doc = json.loads(pinned_rebuild.read_text())
     doc["env"]["machine"]["cpu"] = "Another CPU"
-    doc["env"]["machine"]["torch"]["cpu_capability"] = "AVX512"
+    doc["env"]["machine"]["torch"]["cpu_capability"] = "NO-SUCH-ISA"     # differs from every real machine's
     pinned_rebuild.write_text(json.dumps(doc))
     code, out, err = run_cli(["regress", "check", "--baseline", pinned_rebuild, "--json"], capsys)
     assert code == 0, err
     report = json.loads(out)
     assert report["pair_change"] == "hardware"
-    assert "torch.cpu_capability: AVX512 -> " in " ".join(report["machine_differences"])
+    assert "torch.cpu_capability: NO-SUCH-ISA -> " in " ".join(report["machine_differences"])
     assert "The same checkpoint files" in report["message"] and "on other hardware (cpu: Another CPU -> " in report["message"]
 
 
