@@ -18,6 +18,7 @@ from drift_cli import knobs
 from drift_cli.devices import DEVICE, DTYPES, check_device
 from drift_cli.errors import BadInput
 from drift_cli.knobs import Settings, at_least, between, finite, knob
+from drift_cli.zoo.presets import DEFAULT_ZOO
 
 DEFAULT_SCENARIO = "jargon"        # the stream a run uses when given neither --scenario nor --corpus
 CONTROL_SCENARIO = "indist"
@@ -69,7 +70,8 @@ class BenchConfig(Settings):
     switch_target: str | None = knob(None, "--switch-target", "the changed target: bf16, int8 or finetune:DOMAIN "
                                      "(built once, cached by recipe)")
     # the models
-    zoo: str = knob("small", "--zoo", "built-in model zoo preset")
+    zoo: str = knob(DEFAULT_ZOO, "--zoo", "built-in model zoo preset: smollm (the real pair, SmolLM2-135M), "
+                    "micro or small (toys, for tests)")
     # a pretrained preset's draft cut from this many target layers (its -dN variant)
     draft_layers: int | None = knob(None, "--draft-layers", "pretrained presets: a draft cut from this many of the "
                                     "target's layers instead of the preset's (the zoo PRESET-dN, built and cached "

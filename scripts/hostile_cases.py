@@ -1,4 +1,4 @@
-"""Re-run every case of issue 14 ("hostile input and faults") on the micro zoo and count them.
+"""Re-run every recorded case of hostile input and faults on the micro zoo and count them.
 
     OMP_NUM_THREADS=1 python scripts/hostile_cases.py [--json REPORT.json] [--only SUBSTRING]
 
@@ -7,8 +7,8 @@ directory; it records the exit code, the stderr lines, whether a traceback or a 
 printed, whether it hung (no exit within 180 s) and whether a file was lost (a device node or
 FIFO replaced, a finished run without its run.json, a snapshot half-written). Needs root for
 mknod and tmpfs mounts (full and read-only disks); cases that need them are skipped otherwise.
-Cases marked `issue 13` are the method flags another change validates; they are run and counted
-separately.
+Cases marked `method-flags` are the method flags' own checks (`drift_cli.knobs`); they are run and
+counted separately.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Case:
     name: str
     argv: Callable[["Box"], list[str]]
     expect: str = "exit2"             # exit2 | ok | signal
-    owner: str = "issue 14"
+    owner: str = "input"
     setup: Callable[["Box"], None] | None = None
     lost: Callable[["Box", "Result"], str | None] | None = None   # a description of what was lost, or None
     env: Callable[["Box"], dict] | None = None
@@ -242,10 +242,10 @@ CASES: list[Case] = [
     # ---- tracebacks owed one line
     Case("bench --temperature nan", bench("--temperature", "nan")),
     Case("bench --seed 99999999999999999999", bench("--seed", "99999999999999999999")),
-    Case("bench --bank-size 10000000000", bench("--methods", "drift", "--bank-size", "10000000000"), owner="issue 13"),
+    Case("bench --bank-size 10000000000", bench("--methods", "drift", "--bank-size", "10000000000"), owner="method-flags"),
     Case("ablate --sweep bank-size --values 10000000000",
          lambda b: ["ablate", *SMALL, "--out", b.out, "--sweep", "bank-size", "--values", "10000000000"],
-         owner="issue 13"),
+         owner="method-flags"),
     Case("bench --device bogus", bench("--device", "bogus")),
     Case("bench --device mps", bench("--device", "mps")),
     Case("bench --device meta", bench("--device", "meta")),
@@ -302,18 +302,18 @@ CASES: list[Case] = [
                                                       edited_snapshot(b, "counts", lambda a: a - 5))(b)),
     Case("bank inspect, NaN keys", lambda b: ["bank", "inspect", edited_snapshot(b, "keys", lambda a: a * _np().nan)]),
     Case("bench --temperature inf", bench("--temperature", "inf")),
-    Case("bench --gain inf", bench("--methods", "drift", "--gain", "inf"), owner="issue 13"),
+    Case("bench --gain inf", bench("--methods", "drift", "--gain", "inf"), owner="method-flags"),
     Case("bench --methods ''", bench("--methods", "")),
     Case("bench --methods ,,", bench("--methods", ",,")),
     Case("ablate --values nan", lambda b: ["ablate", *SMALL, "--out", b.out, "--sweep", "lambda", "--values", "nan"],
-         owner="issue 13"),
+         owner="method-flags"),
     Case("ablate --sweep key --values draft,bogus",
-         lambda b: ["ablate", *SMALL, "--out", b.out, "--sweep", "key", "--values", "draft,bogus"], owner="issue 13"),
+         lambda b: ["ablate", *SMALL, "--out", b.out, "--sweep", "key", "--values", "draft,bogus"], owner="method-flags"),
     Case("ablate --sweep eta --values -1",
-         lambda b: ["ablate", *SMALL, "--out", b.out, "--sweep", "eta", "--values", "-1"], owner="issue 13"),
+         lambda b: ["ablate", *SMALL, "--out", b.out, "--sweep", "eta", "--values", "-1"], owner="method-flags"),
     Case("bench --bank-out without drift", lambda b: bench("--methods", "vanilla", "--bank-out", b.p("x.bank"))(b)),
     Case("bench --split train (documented: train, dev or test)", bench("--split", "train", "--methods", "vanilla"),
-         expect="ok", owner="issue 13"),
+         expect="ok", owner="method-flags"),
     Case("bench --max-new-tokens 400 (context 256)", lambda b: ["bench", "--zoo", "micro", "--max-prompts", "2",
                                                                 "--max-new-tokens", "400", "--out", b.out]),
     Case("bench --gamma 1000000000", bench("--gamma", "1000000000")),
@@ -322,6 +322,55 @@ CASES: list[Case] = [
     # ---- hangs
     Case("bank inspect FIFO", lambda b: ["bank", "inspect", b.p("fifo")], setup=lambda b: b.fifo()),
     Case("bank inspect /dev/zero", lambda b: ["bank", "inspect", "/dev/zero"]),
+    # ---- numeric edges, flags nobody reads, broken files (the micro zoo, jargon, 2 prompts x 16 tokens)
+    Case("bench --temperature 1e-300", bench("--temperature", "1e-300")),
+    Case("bench --top-p 1e-300 --temperature 0.8", bench("--top-p", "1e-300", "--temperature", "0.8")),
+    Case("bench --batch-size 1000000000000", bench("--batch-size", "1000000000000")),
+    Case("bench --threads 2147483648", bench("--threads", "2147483648")),
+    Case("bench --sigma 1e-300", bench("--methods", "drift", "--sigma", "1e-300"), owner="method-flags"),
+    Case("bench --osd-lr 1e300", bench("--methods", "osd", "--osd-lr", "1e300"), owner="method-flags"),
+    Case("bench --osd-lr 1e300 --osd-clip 0", bench("--methods", "osd", "--osd-lr", "1e300", "--osd-clip", "0"),
+         owner="method-flags"),
+    Case("bench --osd-steps 1000000000", bench("--methods", "osd", "--osd-steps", "1000000000"), owner="method-flags"),
+    Case("bench --pld-max-ngram 1000000000", bench("--methods", "pld", "--pld-max-ngram", "1000000000"),
+         owner="method-flags"),
+    Case("bench --gain 0.5 --methods vanilla", bench("--methods", "vanilla", "--gain", "0.5")),
+    Case("bench --gamma-p-min 0.5 (fixed controller)", bench("--methods", "vanilla", "--gamma-p-min", "0.5")),
+    Case("bench --residuals 5 --methods drift", bench("--methods", "drift", "--residuals", "5")),
+    Case("bench --corpus FILE.txt with gzip's magic, not gzip",
+         lambda b: ["bench", *SMALL, "--no-control", "--out", b.out, "--corpus", b.p("fake.txt")],
+         setup=lambda b: b.p("fake.txt").write_bytes(b"\x1f\x8b\x09" + b"x" * 4000)),
+    Case("bench --corpus DIR holding such a file (never 130)",
+         lambda b: ["bench", *SMALL, "--no-control", "--out", b.out, "--corpus", b.p("cdir")],
+         setup=lambda b: (b.p("cdir").mkdir(), (b.p("cdir") / "a.txt.gz").write_bytes(b"\x1f\x8b\x09" + b"x" * 4000))),
+    Case("bench --out with a 300-byte name", lambda b: ["bench", *SMALL, "--no-control", "--methods", "vanilla",
+                                                        "--out", b.p("x" * 300)]),
+    Case("suite run, a suite file that is not UTF-8", lambda b: ["suite", "run", b.p("bad.toml"), "--out", b.out],
+         setup=lambda b: b.p("bad.toml").write_bytes(b"version = 1\n# \xff\xfe\n")),
+    Case("suite run, inf where an integer is due",
+         lambda b: ["suite", "run", b.p("inf.toml"), "--out", b.out],
+         setup=lambda b: b.p("inf.toml").write_text('version = 1\n[base]\nzoo = "micro"\nscenario = "jargon"\n'
+                                                    '[grid]\nmax_prompts = [inf]\n')),
+    Case("suite run, [base] given as a number", lambda b: ["suite", "run", b.p("num.toml"), "--set", "zoo=micro",
+                                                           "--out", b.out],
+         setup=lambda b: b.p("num.toml").write_text("version = 1\nbase = 3\n")),
+    Case("suite run, seed = 1.5", lambda b: ["suite", "run", b.p("seed.toml"), "--out", b.out],
+         setup=lambda b: b.p("seed.toml").write_text('version = 1\n[base]\nzoo = "micro"\nscenario = "jargon"\n'
+                                                     'seed = 1.5\n')),
+    Case("suite run, gamma = true", lambda b: ["suite", "run", b.p("g.toml"), "--out", b.out],
+         setup=lambda b: b.p("g.toml").write_text('version = 1\n[base]\nzoo = "micro"\nscenario = "jargon"\n'
+                                                  'gamma = true\n')),
+    Case("suite run, a grid of 10^6 cells", lambda b: ["suite", "run", b.p("big.toml"), "--out", b.out],
+         setup=lambda b: b.p("big.toml").write_text('version = 1\n[base]\nzoo = "micro"\nscenario = "jargon"\n'
+                                                    '[grid]\nseed = [' + ", ".join(map(str, range(1000)))
+                                                    + ']\nmax_new_tokens = [' + ", ".join(map(str, range(1, 1001)))
+                                                    + ']\n')),
+    Case("suite status, a grid of 20,000 cells", lambda b: ["suite", "status", b.p("mid.toml"), "--out", b.out],
+         expect="ok",
+         setup=lambda b: b.p("mid.toml").write_text('version = 1\n[base]\nzoo = "micro"\nscenario = "jargon"\n'
+                                                    '[grid]\nseed = [' + ", ".join(map(str, range(200)))
+                                                    + ']\nmax_new_tokens = [' + ", ".join(map(str, range(1, 101)))
+                                                    + ']\n')),
 ]
 
 
@@ -391,16 +440,16 @@ def main() -> None:
         print(f"{mark} [{row['owner']}] {case.name}: rc {row['rc']} {row['seconds']} s  {' | '.join(row['stderr'])[:150]}"
               + (f"  LOST: {row['lost']}" if row["lost"] else ""), flush=True)
     ran = [r for r in rows if "skipped" not in r]
-    mine = [r for r in ran if r["owner"] == "issue 14"]
+    mine = [r for r in ran if r["owner"] == "input"]
     summary = {
         "cases": len(ran), "skipped": len(rows) - len(ran),
-        "issue14_cases": len(mine),
-        "issue14_clean": sum(r["clean"] and not r["lost"] for r in mine),
+        "input_cases": len(mine),
+        "input_clean": sum(r["clean"] and not r["lost"] for r in mine),
         "exit2_clean": sum(r["clean"] and r["rc"] == 2 for r in ran),
         "tracebacks": sum(r["traceback"] for r in ran),
         "hangs": sum(r["hung"] for r in ran),
         "files_lost": sum(bool(r["lost"]) for r in ran),
-        "issue13_not_clean": [r["case"] for r in ran if r["owner"] == "issue 13" and not r["clean"]],
+        "method_flags_not_clean": [r["case"] for r in ran if r["owner"] == "method-flags" and not r["clean"]],
         "signal_run_s": round(duration, 1),
     }
     print(json.dumps(summary, indent=2))

@@ -60,3 +60,21 @@ def micro_zoo():
     from drift_cli.zoo.build import install_zoo
 
     return install_zoo(MICRO_FIXTURE)
+
+
+@pytest.fixture(autouse=True)
+def no_real_pair(monkeypatch):
+    """`make test` stays on the toy zoos and random-init pairs: a test that reaches the real pair
+    (the default zoo, `smollm`, whose draft and offline drafts take minutes to install or build)
+    fails at once, naming the command that forgot its `--zoo micro`."""
+    from drift_cli.zoo import pretrained
+    from drift_cli.zoo.presets import PRETRAINED
+
+    real = pretrained.ensure_pretrained_zoo
+
+    def guarded(p, *args, **kwargs):
+        if p.file in {q.file for q in PRETRAINED.values()}:
+            raise AssertionError(f"a test reached the real pair '{p.name}' (the default zoo): give --zoo micro")
+        return real(p, *args, **kwargs)
+
+    monkeypatch.setattr(pretrained, "ensure_pretrained_zoo", guarded)

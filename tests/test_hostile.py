@@ -1,4 +1,4 @@
-"""Hostile input and faults (issue 14): each case a new user hit is one line and exit 2, nothing
+"""Hostile input and faults: each case a new user hit is one line and exit 2, nothing
 is lost, every JSON is strict, and no output write ever replaces anything but a regular file.
 
 Table-driven: argv -> exit code + message fragment, on a tiny saved pair and a real corpus.

@@ -1,4 +1,4 @@
-"""Faults (issue 14): a fuzz of bank snapshots, signals at several points of a run, and kill -9
+"""Faults: a fuzz of bank snapshots, signals at several points of a run, and kill -9
 of a bench and of a zoo build.
 
 - fuzz: >= 1000 random mutations of a real snapshot (byte flips, truncations, appends, value

@@ -67,3 +67,43 @@ def test_a_draft_without_a_vocabulary_subset_is_not_shipped(tmp_path, monkeypatc
     draft.save_pretrained(str(tmp_path / "full"))
     with pytest.raises(ValueError, match="vocabulary subset"):
         shipped.write_shipped("toy", tmp_path / "full")
+
+
+# ---- the draft this repository ships (drift_cli/zoo/shipped/smollm/)
+
+SHIPPED_LIMIT = 30 * 2**20          # the shipped weights' budget, every preset together
+
+
+def test_the_shipped_files_fit_their_budget():
+    files = [f for f in shipped.SHIPPED_ROOT.rglob("*") if f.is_file()]
+    assert files, "no shipped draft"
+    assert sum(f.stat().st_size for f in files) <= SHIPPED_LIMIT
+
+
+def test_the_shipped_smollm_draft_is_the_recipe_it_claims():
+    """Its recipe.json is the current recipe of the preset (the target file's sha256, the prose
+    documents this machine extracts, the preset's entries, the code version): what a run installs
+    it for. A stale shipped draft (any of those changed) fails here rather than being rebuilt for
+    half an hour by every user's first run."""
+    import pytest
+
+    from drift_cli.zoo.presets import PRETRAINED
+    from drift_cli.zoo.pretrained import _current_recipe, target_file
+
+    p = PRETRAINED["smollm"]
+    try:
+        target_file(p)
+    except Exception as e:  # noqa: BLE001
+        pytest.fail(f"the set-up installs the smollm target: {e}")
+    _, recipe, _ = _current_recipe(p)
+    claimed = shipped.shipped_recipe("smollm")
+    assert claimed == recipe
+    tensors = shipped.load_file(str(shipped.shipped_dir("smollm") / "draft.safetensors"))
+    ids = shipped.shipped_vocabulary("smollm")
+    assert len(ids) == p.draft.vocab and ids == sorted(set(ids))
+    assert tensors[shipped.HEAD_ROWS].shape == (p.draft.vocab, 576)
+    layers = {k.split(".")[2] for k in tensors if k.startswith("model.layers.")}
+    assert layers == {str(i) for i in range(p.draft.layers)}
+    assert all(t.dtype == shipped.SHIPPED_DTYPE for t in tensors.values())
+    record = cache.read_json(shipped.shipped_dir("smollm") / "build.json")
+    assert record["agreement_after"] >= 0.45          # the held-out agreement the build recorded

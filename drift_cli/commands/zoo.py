@@ -12,6 +12,7 @@ from rich.table import Table
 from drift_cli.atomic import strict_json
 from drift_cli.console import ProgressCallback, rich_progress, row_table
 from drift_cli.methods.settings import DIVERGENCES
+from drift_cli.zoo.presets import DEFAULT_ZOO
 
 
 @click.group("zoo")
@@ -20,8 +21,8 @@ def zoo() -> None:
 
 
 @zoo.command("build")
-@click.option("--preset", default="small", show_default=True,
-              help="micro | small | large | smollm (smollm-dN: its draft cut from N target layers)")
+@click.option("--preset", default=DEFAULT_ZOO, show_default=True,
+              help="smollm | micro | small | large (smollm-dN: its draft cut from N target layers)")
 @click.option("--offline", "offline_scenarios", multiple=True, metavar="SCENARIO",
               help="Also distil an offline draft for this scenario (repeatable).")
 @click.option("--divergence", type=click.Choice(DIVERGENCES), default="fkl", show_default=True,
@@ -76,7 +77,7 @@ def install(source: Path) -> None:
 
 
 @zoo.command("change-target")
-@click.option("--preset", default="small", show_default=True, help="the zoo whose target is changed")
+@click.option("--preset", default=DEFAULT_ZOO, show_default=True, help="the zoo whose target is changed")
 @click.option("--target", "target_path", default=None, help="or a target checkpoint (directory or GGUF file)")
 @click.option("--change", required=True, help="bf16, int8 or finetune:DOMAIN")
 @click.option("--json", "as_json", is_flag=True, help="Print the changed target's build record as JSON.")
@@ -154,7 +155,7 @@ def _count(n: int | None) -> str:
 
 
 @zoo.command("shift")
-@click.option("--preset", default="small", show_default=True)
+@click.option("--preset", default=DEFAULT_ZOO, show_default=True)
 @click.option("--scenario", "scenarios", multiple=True, metavar="NAME",
               help="Scenarios to measure (repeatable; default: indist code law jargon temporal).")
 @click.option("--split", type=click.Choice(["train", "dev", "test"]), default="dev", show_default=True)

@@ -24,7 +24,7 @@ from drift_cli.registry import unknown
 from drift_cli.zoo import cache
 from drift_cli.zoo.distill import distill
 from drift_cli.zoo.models import llama_config, new_model, parameter_count, per_token_flops, weights_sha256
-from drift_cli.zoo.presets import (PRESETS, PRETRAINED, ModelShape, TrainRecipe, ZooPreset, preset_names,  # noqa: F401
+from drift_cli.zoo.presets import (DEFAULT_ZOO, PRESETS, PRETRAINED, ModelShape, TrainRecipe, ZooPreset, preset_names,  # noqa: F401
                                    pretrained_preset)
 from drift_cli.zoo.tokenizer import budgeted, encode_documents, load_tokenizer, train_tokenizer
 from drift_cli.zoo.training import (DomainSampler, Progress, cpu_threads, next_token_loss, run_steps,
@@ -206,7 +206,7 @@ def _is_built(root: Path, root_hash: str, recipes: dict) -> bool:
         all(cache.component_matches(root / k, recipes[k]["hash"]) for k in COMPONENTS)
 
 
-def ensure_zoo(preset: str = "small", progress: Progress | None = None, from_source: bool = False) -> ZooPair:
+def ensure_zoo(preset: str = DEFAULT_ZOO, progress: Progress | None = None, from_source: bool = False) -> ZooPair:
     """The zoo for `preset`, built (or completed) if missing; a no-op when the recipe is unchanged.
     `from_source`: a pretrained preset's draft is distilled here, not installed from the shipped
     tensors (the toy zoos are always built from source)."""

@@ -199,6 +199,11 @@ PRETRAINED: dict[str, PretrainedPreset] = {
 }
 
 
+# The zoo every command uses when given neither --zoo nor --draft/--target: the real pair.
+# The toy zoos (micro, small) are for tests and quick looks.
+DEFAULT_ZOO = "smollm"
+
+
 def preset_names() -> list[str]:
     return list(PRESETS) + list(PRETRAINED)
 
