@@ -344,3 +344,32 @@ def test_train_last_updates_only_the_last_layer_norm_and_head_and_stays_lossless
     assert all(torch.equal(v, shared[k][subset] if v.shape != shared[k].shape else shared[k])
                for k, v in restored.items())
     assert _same_weights(draft, shared)
+
+
+@pytest.mark.parametrize("subset", [None, SUBSET])
+def test_train_head_updates_only_the_head_never_re_prefills_and_stays_lossless(subset):
+    from dataclasses import replace
+
+    from tests.models import tiny_llama
+
+    draft, target = tiny_llama(48, 32, 2, 1, 4.0), tiny_llama(48, 48, 2, 0, 4.0)
+    if subset:
+        draft.config.draft_vocab_ids = subset
+    shared = _snapshot(draft)
+    stream = _stream([2, 11], max_new=20)
+    dcfg = DecodeConfig(gamma=4, max_new_tokens=20)
+    lm = CausalLM(target, "target")
+    ar = run_stream(lm, Autoregressive(), stream, dcfg)
+    policy = OnlineDistillation(draft, replace(FAST, train="head"))
+    prefills = []
+    rebuild = policy._rebuild_cache
+    policy._rebuild_cache = lambda: prefills.append(1) or rebuild()
+    osd = run_stream(lm, policy, stream, dcfg)
+    assert [g.output_ids for g in osd.generations] == [g.output_ids for g in ar.generations]
+    assert osd.report["updates"] > 0 and not prefills and osd.report["rebuild_ms_total"] == 0
+    learned = policy.student.state_dict()
+    assert all(torch.equal(learned[k], shared[k]) for k in learned if k != "lm_head.weight")
+    head = learned["lm_head.weight"]
+    assert head.shape[0] == (len(subset) if subset else 48)
+    assert not torch.equal(head, shared["lm_head.weight"][subset] if subset else shared["lm_head.weight"])
+    assert osd.report["trained_parameters"] == head.numel()

@@ -178,12 +178,12 @@ def test_run_resume_report_and_a_failing_cell(micro_built, tmp_path, capsys):
     assert "every cell ran with 1 torch CPU thread (the `threads` setting)" in text
     lines = text.splitlines()
     head = _parse_row(next(line for line in lines if line.startswith("| scenario")))
-    assert head[-1] == "seeds"
+    assert head[-1] == "repeats"
     runs = cell_runs(p, out)
     for scenario in ("code", "law"):
         row = dict(zip(head, _parse_row(next(line for line in lines if line.startswith(f"| {scenario} |"))), strict=True))
         group = [r for r in runs.values() if r["scenario"] == scenario]
-        assert row["seeds"] == "2"
+        assert row["repeats"] == "2"
         for method in ("vanilla", "pld"):
             want = []
             for key, fmt in (("acceptance_rate", "{:.3f}"), ("mean_accepted_length", "{:.2f}"), ("speedup", "{:.2f}")):
@@ -192,6 +192,14 @@ def test_run_resume_report_and_a_failing_cell(micro_built, tmp_path, capsys):
                 half = stats.t.ppf(0.975, 1) * stats.tstd(xs) / math.sqrt(2)
                 want.append(f"{fmt.format(mean)} ± {fmt.format(half)}")
             assert row[f"{method} α / τ / speedup"] == " / ".join(want)
+
+    # --only: a report of some rows (the cells of scenario law, its two seeds)
+    code, text, _ = run_cli(["suite", "report", str(p), "--out", str(out), "--only", "scenario=law"], capsys)
+    cells = text.split("## Cells", 1)[1].splitlines()
+    assert code in (0, None) and sum(" | law | " in c for c in cells) == 2 and not any(" | code | " in c for c in cells)
+    assert "4 cells" not in text and "2 cells: 2 done" in text
+    code, _, err = run_cli(["suite", "report", str(p), "--out", str(out), "--only", "scenario=law", "--claims"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
 
     # one failing cell is reported with its error; the other cells finish
     bad = write(tmp_path, BASE.format(tokens=8) + "[grid]\ncorpus = [\"/usr/share/common-licenses\", \"/no/such/corpus\"]\n", "bad")

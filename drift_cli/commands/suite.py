@@ -149,7 +149,9 @@ def status(suite_file, out, overrides, quick, as_json) -> None:
               help="write the claims report instead: each [[claim]] of the suite, its figure, CI and verdict")
 @click.option("--claims-out", type=click.Path(path_type=Path), default=None,
               help="where --claims writes (default: the suite's [claims] out, docs/claims.md); PNGs go beside it")
-def report(suite_file, out, overrides, quick, as_json, claims, claims_out) -> None:
+@click.option("--only", "only", multiple=True, metavar="AXIS=LABEL[,LABEL...]",
+              help="report only the cells at these points of an axis (repeatable; e.g. --only workload=code,law)")
+def report(suite_file, out, overrides, quick, as_json, claims, claims_out, only) -> None:
     """One markdown report (report.md, acceptance.png, speedup.png) in the suite's directory;
     with --claims, the claims report (docs/claims.md and its PNGs)."""
     from drift_cli.suite.report import write_report
@@ -157,6 +159,12 @@ def report(suite_file, out, overrides, quick, as_json, claims, claims_out) -> No
     suite, root = _load(suite_file, overrides, out, quick)
     if claims_out is not None and not claims:
         raise BadInput("--claims-out names where the claims report goes: give it with --claims")
+    if only and claims:
+        raise BadInput("--only selects the cells of the report; the claims report reads the cells its claims name")
+    if only:
+        from drift_cli.suite.spec import parse_only, select_cells
+
+        suite = select_cells(suite, parse_only(only))
     if claims:
         from drift_cli.results import check_writable
         from drift_cli.suite.claims import load_claims, write_claims

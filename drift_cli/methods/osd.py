@@ -36,10 +36,11 @@ class OnlineDistillation(ModelDraftPolicy):
         cfg = cfg.validate()
         student = copy.deepcopy(draft)
         student.requires_grad_(cfg.train == "all")
-        if cfg.train == "last":
+        if cfg.train != "all":
             compact_head(student)                             # a subset head trains K rows, not V
             decoder = student.get_decoder()
-            for part in (decoder.layers[-1], decoder.norm, student.get_output_embeddings()):
+            parts = (decoder.layers[-1], decoder.norm) if cfg.train == "last" else ()
+            for part in (*parts, student.get_output_embeddings()):
                 part.requires_grad_(True)
         super().__init__(student)
         self.student, self.cfg, self.seed = student, cfg, seed
@@ -92,9 +93,10 @@ class OnlineDistillation(ModelDraftPolicy):
     def _update(self, temperature: float) -> None:
         t0 = now_ms(self.device)
         loss, norm, grad_bytes = self.trainer.update(self.buffer, temperature, self.generator)
-        t1 = now_ms(self.device)
-        self._rebuild_cache()
-        t2 = now_ms(self.device)
+        t1 = t2 = now_ms(self.device)
+        if self.cfg.train != "head":                           # the head alone leaves every cached key/value valid
+            self._rebuild_cache()
+            t2 = now_ms(self.device)
         s = self.stats
         s.updates += 1
         s.train_ms.append(t1 - t0)

@@ -15,7 +15,7 @@ MAX_CLIP = 1e6        # a norm beyond float32's comfort; 0 turns clipping off
 MAX_BUFFER = 2**31 - 1
 
 
-TRAINED = ("all", "last")
+TRAINED = ("all", "last", "head")
 
 
 def _whole_or_inf(x: float) -> bool:
@@ -43,10 +43,11 @@ class OSDConfig(Settings):
                      ok=at_least(0), rule="must be >= 0 (0 = full distribution)")
     all_positions: bool = knob(False, "--osd-all-positions",
                                "OSD: buffer every drafted position, not only the rejected one")
-    # what an update trains: every parameter, or the last decoder layer, the final norm and the head
-    # (a subset draft's head as its subset's rows); docs/osd.md, "What an update trains"
-    train: str = knob("all", "--osd-train", "OSD: what an update trains: all (every draft parameter) or last "
-                      "(the last decoder layer, the final norm and the head)", choices=TRAINED)
+    # what an update trains: every parameter; the last decoder layer, the final norm and the head;
+    # or the head alone (a subset draft's head as its subset's rows); docs/osd.md, "What an update trains"
+    train: str = knob("all", "--osd-train", "OSD: what an update trains: all (every draft parameter), last "
+                      "(the last decoder layer, the final norm and the head) or head (the output head alone: "
+                      "the KV cache stays valid, no re-prefill)", choices=TRAINED)
     divergence: str = divergence_knob()   # loss between the target's and the draft's distributions
     weight_decay: float = 0.0    # AdamW decoupled weight decay (OSD's online path: HF Trainer default 0)
 

@@ -1,8 +1,9 @@
 """`drift suite report`: a suite's finished cells as one markdown report with PNGs.
 
-One row per combination of the suite's axes other than `seed`; per method α / τ / speedup, the
-stream's repeated 4-gram share and the comparisons, each figure read from the cells' run.json.
-Where a row has several seeds the figure is their mean ± the 95% CI half-width (Student t,
+One row per combination of the suite's axes other than the repeats (`seed`, `shuffle`: another
+sampling seed, another draw of the stream); per method α / τ / speedup, the stream's repeated
+4-gram share and the comparisons, each figure read from the cells' run.json. Where a row has
+several repeats the figure is their mean ± the 95% CI half-width (Student t,
 `metrics.seed_mean_ci95`).
 """
 
@@ -19,6 +20,7 @@ from drift_cli.suite import store
 from drift_cli.suite.spec import Suite
 
 SEED_AXIS = "seed"
+REPEAT_AXES = (SEED_AXIS, "shuffle")     # a row's cells differ only in these: its figures are their mean
 FIGURES = (("α", "acceptance_rate", "{:.3f}"), ("τ", "mean_accepted_length", "{:.2f}"), ("speedup", "speedup", "{:.2f}"))
 
 
@@ -32,8 +34,8 @@ def figure(values: list, fmt: str) -> str:
 
 
 def row_axes(suite: Suite) -> list[str]:
-    """The axes that tell rows apart: those with more than one value, the seed left out."""
-    return [a for a in suite.axes if a != SEED_AXIS and len({c.coord(a) for c in suite.cells}) > 1]
+    """The axes that tell rows apart: those with more than one value, the repeats left out."""
+    return [a for a in suite.axes if a not in REPEAT_AXES and len({c.coord(a) for c in suite.cells}) > 1]
 
 
 def rows(suite: Suite, runs: dict[str, RunJson]) -> list[tuple[tuple[str, ...], list[RunJson]]]:
@@ -58,9 +60,9 @@ def method_names(runs: list[RunJson]) -> list[str]:
 def results_table(suite: Suite, runs: dict[str, RunJson]) -> str:
     axes = row_axes(suite)
     methods = method_names(list(runs.values()))
-    seeds = SEED_AXIS in suite.axes
+    seeds = any(a in suite.axes for a in REPEAT_AXES)
     head = [*axes, *[f"{m} α / τ / speedup" for m in methods], "repeated 4-gram share", "gap closed α / speedup",
-            "shift penalty", *(["seeds"] if seeds else [])]
+            "shift penalty", *(["repeats"] if seeds else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, group in rows(suite, runs):
         cells = list(label)
@@ -78,7 +80,7 @@ def results_table(suite: Suite, runs: dict[str, RunJson]) -> str:
 
 def source_text(group: list[RunJson], method: str) -> str | None:
     """A multi-source method's sources in one row: 'source share α / τ' each, mean ± CI over the
-    row's seeds; None when the method has no sources here."""
+    row's repeats; None when the method has no sources here."""
     names: dict[str, None] = {}
     for r in group:
         names.update(dict.fromkeys((r["methods"].get(method, {}).get("by_source") or {}).get("sources", {})))
@@ -157,7 +159,7 @@ def write_report(suite: Suite, root: Path, out: Path) -> Path:
     lines += [f"{len(suite.cells)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + f" (in `{root}`).", "",
               pinning(manifest), "",
               "Each figure is read from its cell's run.json (`<scenario>/<cell key>/run.json`); where a row has "
-              "several seeds it is their mean ± the 95% CI half-width (Student t).", ""]
+              "several repeats (seeds, stream shuffles) it is their mean ± the 95% CI half-width (Student t).", ""]
     if runs:
         lines += [results_table(suite, runs), ""]
         sources = sources_table(suite, runs)

@@ -19,9 +19,10 @@ the current one.
 
 Tolerance: the shipped tensors are the fp32 build rounded to float16 (relative error at most
 2^-11 per element; every trained value of the smollm draft lies well inside float16's range).
-`drift zoo build --preset smollm --from-source --ship` rebuilds and rewrites them; on the CPU and
-thread count recorded in build.json that rewrite is byte-identical, on another CPU the build
-rounds differently (a pinned pair is files, not a recipe).
+`drift zoo build --preset smollm --from-source --ship` rebuilds and rewrites them. A build runs with
+deterministic algorithms and a fixed thread count, so on the CPU and thread count recorded in
+build.json a rewrite should give the same bytes; another CPU rounds differently (a pinned pair is
+files, not a recipe).
 """
 
 from __future__ import annotations
