@@ -373,3 +373,18 @@ def test_train_head_updates_only_the_head_never_re_prefills_and_stays_lossless(s
     assert head.shape[0] == (len(subset) if subset else 48)
     assert not torch.equal(head, shared["lm_head.weight"][subset] if subset else shared["lm_head.weight"])
     assert osd.report["trained_parameters"] == head.numel()
+
+
+def test_a_kept_hidden_state_gives_the_loss_the_packed_forward_gives():
+    """--osd-train head: entries keep the head's input, and the trainer's loss from it is the loss
+    of the packed forward over the contexts (the layers below the head are frozen)."""
+    draft, target = tiny_pair()
+    policy = OnlineDistillation(draft, OSDConfig(topk=0))
+    fb = _one_step(policy, target, [5, 7, 1, 9], gamma=3, accepted=3)
+    kept = entries_from_feedback(fb, 0, all_positions=True, keep_hidden=True)
+    plain = entries_from_feedback(fb, 0, all_positions=True)
+    assert all(e.hidden is not None for e in kept) and all(e.hidden is None for e in plain)
+    for e, j in zip(kept, range(3)):
+        assert torch.equal(e.hidden, fb.proposal.hidden[0, j])
+    torch.testing.assert_close(batch_loss(policy.student, kept, "fkl", 1.0),
+                               batch_loss(policy.student, plain, "fkl", 1.0), rtol=1e-4, atol=1e-5)

@@ -83,7 +83,8 @@ class OnlineDistillation(ModelDraftPolicy):
     def observe(self, feedback: Feedback) -> None:
         if self.cfg.frozen:
             return                                             # nothing would ever read the buffer
-        self.buffer.extend(entries_from_feedback(feedback, self.cfg.topk, self.cfg.all_positions))
+        self.buffer.extend(entries_from_feedback(feedback, self.cfg.topk, self.cfg.all_positions,
+                                                 keep_hidden=self.cfg.train == "head"))
         # Counted here rather than read from feedback.step: equal under run_stream, and still
         # stream-global when a caller drives `generate` prompt by prompt (step restarts at 0).
         self.verifications += 1

@@ -9,6 +9,9 @@ the token (the public OSD LLaMA path reads them one position later; we do not).
 
 The target is never re-run: its distribution is copied out of the verification pass, kept as
 its top-K log-probabilities (renormalised over the support at training time) or in full.
+When an update trains the output head alone (`--osd-train head`), an entry also keeps the draft's
+hidden state at that position (the head's input, `Proposal.hidden`): the layers below the head do
+not change, so the trainer reads it instead of running the draft over the context again.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ class BufferEntry:
     ids: torch.Tensor                 # [L] int64: the context whose last position predicts the token
     logprobs: torch.Tensor            # [K] (top-K) or [V] (full) fp32 target log-probs at the decode temperature
     support: torch.Tensor | None      # [K] int64 token ids of the top-K support; None = full distribution
+    hidden: torch.Tensor | None = None   # [d] the draft's head input at the context's last position
+    #                                      (kept only when the layers below the head are frozen)
 
     @property
     def nbytes(self) -> int:
-        extra = 0 if self.support is None else self.support.nbytes
+        extra = sum(t.nbytes for t in (self.support, self.hidden) if t is not None)
         return self.ids.nbytes + self.logprobs.nbytes + extra
 
 
@@ -48,10 +53,13 @@ def target_temperature(feedback: Feedback) -> float:
 
 
 @torch.no_grad()
-def entries_from_feedback(feedback: Feedback, topk: int, all_positions: bool) -> list[BufferEntry]:
+def entries_from_feedback(feedback: Feedback, topk: int, all_positions: bool,
+                          keep_hidden: bool = False) -> list[BufferEntry]:
     """The buffer entries one verification step yields. Copies (clones) everything it keeps:
-    the feedback's tensors come out of inference mode and the engine reuses nothing of ours."""
+    the feedback's tensors come out of inference mode and the engine reuses nothing of ours.
+    keep_hidden: each entry also keeps the proposal's hidden state at its position."""
     prop = feedback.proposal
+    keep_hidden = keep_hidden and prop.hidden is not None
     temp = target_temperature(feedback)
     out: list[BufferEntry] = []
     lengths = prop.lengths                        # ragged rows: row b drafted lengths[b] <= k
@@ -59,11 +67,12 @@ def entries_from_feedback(feedback: Feedback, topk: int, all_positions: bool) ->
         for j in buffered_slots(int(feedback.accepted[b]), lengths[b], all_positions):
             ids = torch.cat([feedback.context[b], prop.tokens[b, :j]]).clone()     # [L + j]
             logp = torch.log_softmax(feedback.target_logits[b, j].float() / temp, dim=-1)  # [V]
+            hidden = prop.hidden[b, j].clone() if keep_hidden else None
             if 0 < topk < logp.shape[-1]:
                 vals, idx = logp.topk(topk)
-                out.append(BufferEntry(ids, vals.clone(), idx.clone()))
+                out.append(BufferEntry(ids, vals.clone(), idx.clone(), hidden))
             else:
-                out.append(BufferEntry(ids, logp.clone(), None))
+                out.append(BufferEntry(ids, logp.clone(), None, hidden))
     return out
 
 

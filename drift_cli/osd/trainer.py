@@ -57,8 +57,12 @@ def logits_at(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
 
 
 def batch_loss(model: torch.nn.Module, entries: list[BufferEntry], kind: str, temperature: float) -> torch.Tensor:
-    """divergence(target p, draft q) averaged over the entries, both at the decode temperature."""
-    logits = logits_at(model, pack(entries)) / temperature                          # [N, V]
+    """divergence(target p, draft q) averaged over the entries, both at the decode temperature.
+    Entries that kept the head's input (the head alone trains) skip the draft's forward."""
+    if all(e.hidden is not None for e in entries):
+        logits = head_logits(model, torch.stack([e.hidden for e in entries])) / temperature
+    else:
+        logits = logits_at(model, pack(entries)) / temperature                      # [N, V]
     return divergence(kind, dense_target(entries, logits.shape[-1]), logits)
 
 
