@@ -176,9 +176,18 @@ class HeadDrafter:
         self.forward_calls += 1
         return hidden, logits
 
+    # -- batch 1, the cost probe of `profile_costs` (`CausalLM`'s reset / forward / crop) ---------
+
+    @property
+    def cache_len(self) -> int:
+        return self.rows.lengths[0]
+
+    def crop(self, length: int) -> None:
+        self.rows.lengths[0] = self.real[0] = min(self.rows.lengths[0], length)
+
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch 1, the cost probe of `profile_costs`: ids [1, S] after row 0's cache, positions
-        without a target state given zero states (the operations of a draft step, not its values)."""
+        """ids [1, S] after row 0's cache, positions without a target state given zero states
+        (the operations of a draft step, not its values)."""
         missing = self.rows.lengths[0] + ids.shape[1] - self.known[0]
         if missing > 0:
             self.add_features(0, torch.zeros(missing, self.feature_dim, device=self.device,

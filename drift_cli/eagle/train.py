@@ -134,7 +134,7 @@ def train_on_labels(head: EagleHead, labels, epochs: int, batch: int, lr: float,
     for i, p in enumerate(params):
         holder.register_parameter(f"w{i}", p)
     n = labels.ids.shape[0]
-    steps = epochs * math.ceil(n / batch)
+    steps = math.ceil(epochs * n / batch)                 # batches over the epochs back to back
     rng = torch.Generator().manual_seed(seed)
     order = torch.cat([torch.randperm(n, generator=rng) for _ in range(epochs)])
     device, dtype = weight.device, weight.dtype
