@@ -178,6 +178,26 @@ def test_hybrid_with_a_head_as_its_model_source_equals_ar(heads, reference, kind
     assert policy.model_steps > 0 and policy.copied_steps > 0
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_target_change_stream_hands_the_new_targets_states_to_the_head(heads, batch):
+    """After the switch the changed target records the same layers: greedy output equals ar's on
+    the same switched stream, and the head still drafts (and gets accepted) after it."""
+    changed = copy.deepcopy(heads["target"])
+    with torch.no_grad():
+        for w in changed.parameters():
+            w.add_(0.02 * torch.randn(w.shape, generator=torch.Generator().manual_seed(1)))
+    cfg = DecodeConfig(gamma=GAMMA, max_new_tokens=MAX_NEW, eos_id=EOS, batch_size=batch)
+
+    def run(policy):
+        return run_stream(CausalLM(heads["target"], "target"), policy, unit_stream(PROMPTS, MAX_NEW), cfg,
+                          switch=(5, CausalLM(changed, "target")))
+
+    ar, head = run(Autoregressive()), run(Vanilla(heads["eagle3"]))
+    assert [g.output_ids for g in head.generations] == [g.output_ids for g in ar.generations]
+    after = [s for g in head.generations[5:] for s in g.steps]
+    assert sum(s.drafted for s in after) > 0 and sum(s.accepted for s in after) > 0
+
+
 def test_eos_inside_a_drafted_block_is_exercised(heads):
     found = []
     for kind in ("eagle", "eagle3"):
