@@ -24,6 +24,7 @@ from drift_cli.engine.loop import DecodeConfig, StreamRun, run_stream
 from drift_cli.errors import BadInput
 from drift_cli.engine.policy import MethodContext
 from drift_cli.methods import METHODS, resolve_methods, settings_classes
+from drift_cli.methods.base import draft_lm
 from drift_cli.models import (ModelInfo, Pair, check_same_tokenizer, checkpoint_dir, load_model, load_pair, load_tokenizer,
                               parse_device, parse_dtype, resolve_checkpoint)
 from drift_cli.results import SCHEMA_VERSION, RunJson, environment, new_run_id
@@ -49,18 +50,32 @@ class Models:
     def context(self, scenario: str, cfg: BenchConfig) -> MethodContext:
         pair = self.pair
 
+        head = pair.draft_info.kind != "model"
+
         def resolve_offline(divergence: str, on_policy: bool = False) -> Path:
             if self.zoo_preset is None:
                 raise BadInput("the offline method needs --offline-draft PATH when --draft/--target are given")
+            if head:
+                from drift_cli.zoo.presets import pretrained_preset
+                from drift_cli.zoo.pretrained import ensure_pretrained_offline_head
+
+                if on_policy:
+                    raise BadInput("--offline-on-policy: an EAGLE head's offline heads train on the target's text")
+                return ensure_pretrained_offline_head(pretrained_preset(self.zoo_preset), scenario, divergence)
             from drift_cli.zoo import ensure_offline_draft
 
             return ensure_offline_draft(self.zoo_preset, scenario, divergence, on_policy)
 
         def load_draft(path: Path) -> torch.nn.Module:
+            device = pair.target.device if hasattr(pair.target, "device") else torch.device("cpu")
+            dtype = next(pair.draft.parameters()).dtype
+            if head:                                  # an offline head, bound to the same target
+                from drift_cli.eagle.load import load_head
+
+                return load_head(checkpoint_dir(path, "offline head"), pair.target, pair.draft_info.kind, device, dtype)
             p = checkpoint_dir(path, "offline draft")
             check_same_tokenizer(load_tokenizer(p, "offline draft"), pair.tokenizer)
-            return load_model(p, pair.target.device if hasattr(pair.target, "device") else torch.device("cpu"),
-                              next(pair.draft.parameters()).dtype)
+            return load_model(p, device, dtype)
 
         return MethodContext(
             draft=pair.draft,
@@ -104,14 +119,20 @@ def set_threads(cfg: BenchConfig) -> None:
 def load_models(cfg: BenchConfig, progress: Progress | None = None) -> Models:
     set_threads(cfg)
     if cfg.draft is not None:
-        models = Models(load_pair(cfg.draft, cfg.target, cfg.device_name, cfg.dtype), None)
+        models = Models(load_pair(cfg.draft, cfg.target, cfg.device_name, cfg.dtype, cfg.draft_kind), None)
         target_path = cfg.target
     else:
         from drift_cli.zoo import ensure_zoo
 
         zoo = cfg.zoo_name()
         zp = ensure_zoo(zoo, progress=progress)
-        models, target_path = Models(load_pair(zp.draft, zp.target, cfg.device_name, cfg.dtype), zoo), zp.target
+        draft, kind = zp.draft, "auto"
+        if cfg.drafter == "eagle":
+            from drift_cli.zoo.presets import pretrained_preset
+            from drift_cli.zoo.pretrained import ensure_pretrained_head
+
+            draft, kind = ensure_pretrained_head(pretrained_preset(zoo), progress), "eagle3"
+        models, target_path = Models(load_pair(draft, zp.target, cfg.device_name, cfg.dtype, kind), zoo), zp.target
     change = cfg.target_change()
     if change is not None:
         from drift_cli.zoo.target_change import ensure_changed_target
@@ -193,7 +214,7 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
     try:
         warm_up(target, models, stream, dcfg)
         gamma_max = max([dcfg.gamma] + [e.gamma[0] for e in entries if e.gamma])
-        dcfg = replace(dcfg, cost_profile=profile_costs(target, CausalLM(models.pair.draft, "draft"),
+        dcfg = replace(dcfg, cost_profile=profile_costs(target, draft_lm(models.pair.draft),
                                                         stream.prompts[0].ids, gamma_max))
         for entry in entries:
             try:

@@ -16,6 +16,7 @@ from typing import Any, Collection
 
 from drift_cli import knobs
 from drift_cli.devices import DEVICE, DTYPES, check_device
+from drift_cli.eagle.layout import DRAFT_KINDS
 from drift_cli.errors import BadInput
 from drift_cli.knobs import Settings, at_least, between, finite, knob
 from drift_cli.zoo.presets import DEFAULT_ZOO
@@ -23,6 +24,7 @@ from drift_cli.zoo.presets import DEFAULT_ZOO
 DEFAULT_SCENARIO = "jargon"        # the stream a run uses when given neither --scenario nor --corpus
 CONTROL_SCENARIO = "indist"
 SPLITS = ("train", "dev", "test")
+DRAFTERS = ("layer", "eagle")      # --drafter: the zoo's layer draft or its EAGLE-3 head
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
 MIN_TOP_P = 1e-6
 MAX_THREADS = 1024
@@ -76,8 +78,16 @@ class BenchConfig(Settings):
     draft_layers: int | None = knob(None, "--draft-layers", "pretrained presets: a draft cut from this many of the "
                                     "target's layers instead of the preset's (the zoo PRESET-dN, built and cached "
                                     "on first use)", ok=between(1, 4096), kind=int, rule="must be in [1, 4096]")
-    draft: str | None = knob(None, "--draft", "draft checkpoint (local Hugging Face dir)")
-    target: str | None = knob(None, "--target", "target checkpoint (local Hugging Face dir)")
+    # the zoo's drafter on a pretrained preset: its layer draft, or an EAGLE-3 head (docs/eagle.md)
+    drafter: str = knob("layer", "--drafter", "pretrained presets: the zoo's drafter: layer (a draft cut from the "
+                        "target's first layers) or eagle (an EAGLE-3 head that drafts from the target's hidden "
+                        "states; built once from the same labels, cached)", choices=DRAFTERS)
+    draft: str | None = knob(None, "--draft", "draft checkpoint (local Hugging Face dir or GGUF file), or an EAGLE "
+                             "head's directory (config.json + weights, as vLLM, SGLang and SpecForge write them)")
+    draft_kind: str = knob("auto", "--draft-kind", "what --draft is: auto (a head if its config or weights say so, "
+                           "else a draft model), eagle (an EAGLE-1 head) or eagle3 (an EAGLE-3 head)",
+                           choices=DRAFT_KINDS)
+    target: str | None = knob(None, "--target", "target checkpoint (local Hugging Face dir or GGUF file)")
     device: str = knob("auto", "--device", "cpu, cuda, cuda:N, or auto", ok=lambda d: bool(DEVICE.match(d)),
                        rule="must be cpu, cuda, cuda:N or auto")
     dtype: str = knob("float32", "--dtype", "weights' dtype", choices=tuple(DTYPES))
@@ -123,6 +133,7 @@ class BenchConfig(Settings):
             raise BadInput("give both --draft and --target, or neither (then --zoo is used)")
         if self.draft is not None and self.draft_layers is not None:
             raise BadInput("--draft-layers picks a zoo draft: it does not apply with --draft/--target")
+        check_drafter(self)
         if (self.switch_after is None) != (self.switch_target is None):
             raise BadInput("give both --switch-target-after N and --switch-target KIND, or neither")
         self.zoo_name()
@@ -176,6 +187,29 @@ class BenchConfig(Settings):
 
             return "cuda" if torch.cuda.is_available() else "cpu"
         return self.device
+
+
+def check_drafter(cfg: BenchConfig) -> None:
+    """--drafter picks a zoo's drafter, --draft-kind describes --draft PATH: each where it applies."""
+    if cfg.draft is not None and cfg.drafter != "layer":
+        raise BadInput("--drafter picks a zoo's drafter; with --draft PATH give --draft-kind (auto, eagle, eagle3)")
+    if cfg.draft is None and cfg.draft_kind != "auto":
+        raise BadInput(f"--draft-kind {cfg.draft_kind} describes --draft PATH; a zoo's head is --drafter eagle")
+    if cfg.drafter == "eagle":
+        from drift_cli.zoo.presets import PRETRAINED, pretrained_preset
+
+        if cfg.draft_layers is not None:
+            raise BadInput("--draft-layers sizes the layer draft; --drafter eagle drafts with a head")
+        if pretrained_preset(cfg.zoo) is None or cfg.zoo not in PRETRAINED:
+            raise BadInput(f"--drafter eagle applies to the pretrained presets ({', '.join(PRETRAINED)}); the "
+                           f"'{cfg.zoo}' zoo has no head (run a head by path: --draft HEAD --target TARGET)")
+        if cfg.options.get("offline_on_policy"):
+            raise BadInput("--offline-on-policy: an EAGLE head's offline heads train on the target's own text "
+                           "and trajectories (a head cannot generate without the target)")
+    if cfg.draft is not None:
+        from drift_cli.eagle.layout import resolve_kind
+
+        resolve_kind(cfg.draft, cfg.draft_kind)
 
 
 def check_preset(cfg: BenchConfig) -> None:

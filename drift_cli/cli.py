@@ -33,7 +33,21 @@ def cli() -> None:
 @cli.command()
 @bench_options
 def bench(as_json, **opts) -> None:
-    """Run methods on one prompt stream and compare them."""
+    """Run methods on one prompt stream and compare them.
+
+    \b
+    The drafter is a draft model (a small causal LM of the target's
+    tokenizer) or an EAGLE head: one decoder layer that drafts from the
+    target's own hidden states (EAGLE-1: its final state; EAGLE-3: three
+    of its layers fused, over a reduced draft vocabulary). The engine hands
+    the head those states out of the target passes it runs anyway.
+    \b
+    Run a head by path, in the layout vLLM, SGLang and SpecForge write
+    (config.json + model.safetensors):
+      drift bench --draft HEAD_DIR --target TARGET --draft-kind auto
+    or the smollm zoo's head: drift bench --zoo smollm --drafter eagle.
+    vanilla, drift, offline and osd run on either drafter (docs/eagle.md).
+    """
     from drift_cli.bench_config import BenchConfig
     from drift_cli.results import check_writable
 

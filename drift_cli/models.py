@@ -26,9 +26,10 @@ class ModelInfo:
     path: str
     fingerprint: str
     parameters: int
+    kind: str = "model"           # a draft's: model, or an EAGLE head (eagle, eagle3)
 
     def to_json(self) -> dict:
-        return {"path": self.path, "fingerprint": self.fingerprint, "parameters": self.parameters}
+        return {"path": self.path, "fingerprint": self.fingerprint, "parameters": self.parameters, "kind": self.kind}
 
 
 @dataclass
@@ -128,8 +129,15 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> torch.nn
     return model
 
 
-def load_pair(draft: str | Path, target: str | Path, device: str = "cpu", dtype: str = "float32") -> Pair:
-    """Check both paths and tokenizers first, then load the models."""
+def load_pair(draft: str | Path, target: str | Path, device: str = "cpu", dtype: str = "float32",
+              draft_kind: str = "auto") -> Pair:
+    """Check both paths and tokenizers first, then load the models. An EAGLE head as the draft
+    (`draft_kind`, or detected with auto) is checked against the target instead of a tokenizer."""
+    from drift_cli.eagle.layout import MODEL, resolve_kind
+
+    kind = resolve_kind(draft, draft_kind)
+    if kind != MODEL:
+        return load_head_pair(draft, target, kind, device, dtype)
     (dpath, dprint), (tpath, tprint) = resolve_checkpoint(draft, "draft"), resolve_checkpoint(target, "target")
     dtok, ttok = load_tokenizer(dpath, "draft"), load_tokenizer(tpath, "target")
     check_same_tokenizer(dtok, ttok)
@@ -137,3 +145,20 @@ def load_pair(draft: str | Path, target: str | Path, device: str = "cpu", dtype:
     dmodel, tmodel = load_model(dpath, dev, dt), load_model(tpath, dev, dt)
     info = lambda p, f, m: ModelInfo(str(p), f, sum(x.numel() for x in m.parameters()))  # noqa: E731
     return Pair(dmodel, tmodel, ttok, info(draft, dprint, dmodel), info(target, tprint, tmodel))
+
+
+def load_head_pair(head: str | Path, target: str | Path, kind: str, device: str = "cpu", dtype: str = "float32") -> Pair:
+    """An EAGLE head (`drift_cli.eagle`) and its target: the head shares the target's tokenizer and
+    is refused (BadInput, one line) when its shapes, vocabulary or layers do not fit the target."""
+    from drift_cli.eagle.load import load_head
+
+    hpath = checkpoint_dir(head, "draft head")
+    hprint = fingerprint(hpath)
+    tpath, tprint = resolve_checkpoint(target, "target")
+    tok = load_tokenizer(tpath, "target")
+    dev, dt = parse_device(device), parse_dtype(dtype)
+    tmodel = load_model(tpath, dev, dt)
+    hmodel = load_head(hpath, tmodel, kind, dev, dt)
+    count = lambda m: sum(x.numel() for x in m.parameters())  # noqa: E731 (the head's own: not the target's parts)
+    return Pair(hmodel, tmodel, tok, ModelInfo(str(head), hprint, count(hmodel), kind),
+                ModelInfo(str(target), tprint, count(tmodel)))

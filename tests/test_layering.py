@@ -104,3 +104,23 @@ def test_the_engine_imports_no_method_and_the_suites_no_command():
     suite = package_imports(graph, "drift_cli.suite")
     assert not {m for m in suite if m.startswith("drift_cli.commands")}, suite
     assert package_imports({"a.x": {"b.y", "a.z"}, "a.z": set(), "b.y": set()}, "a") == {"b.y"}
+
+
+def test_the_heads_import_no_method_and_the_engine_no_head():
+    """EAGLE heads plug into the methods' draft LM (drift_cli.methods.base picks the drafter); the
+    engine only records target states for whoever asks, and knows nothing of heads."""
+    graph = import_graph()
+    assert "drift_cli.eagle.drafter" in graph and "drift_cli.eagle.layout" in graph
+    eagle = package_imports(graph, "drift_cli.eagle")
+    assert not {m for m in eagle if m.startswith(("drift_cli.methods", "drift_cli.commands", "drift_cli.bench"))}, eagle
+    engine = package_imports(graph, "drift_cli.engine")
+    assert not {m for m in engine if m.startswith("drift_cli.eagle")}, engine
+
+
+def test_the_head_layout_module_imports_no_model_library():
+    """`drift bench` checks --draft-kind against a checkpoint before torch loads."""
+    for path in [ROOT / "eagle" / "__init__.py", ROOT / "eagle" / "layout.py"]:
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {n for n in names if n.split(".")[0] in ("torch", "transformers", "safetensors")}, path

@@ -32,17 +32,26 @@ def zoo() -> None:
               help="A pretrained preset's draft is distilled here, not installed from its shipped tensors.")
 @click.option("--ship", is_flag=True,
               help="Write the built draft's trained tensors as the preset's shipped draft (drift_cli/zoo/shipped/).")
+@click.option("--drafter", type=click.Choice(["layer", "eagle"]), default="layer", show_default=True,
+              help="eagle: a pretrained preset's EAGLE-3 head (and --offline heads) instead of its layer draft")
 @click.option("--json", "as_json", is_flag=True, help="Print the build manifest as JSON.")
 def build(preset: str, offline_scenarios: tuple[str, ...], divergence: str, on_policy: bool, from_source: bool,
-          ship: bool, as_json: bool) -> None:
+          ship: bool, drafter: str, as_json: bool) -> None:
     """Build the zoo for PRESET (a no-op when the cached recipe is unchanged)."""
     from drift_cli.errors import BadInput
     from drift_cli.zoo import ensure_offline_draft, ensure_zoo
     from drift_cli.zoo.cache import read_json
-    from drift_cli.zoo.presets import pretrained_preset
+    from drift_cli.zoo.presets import PRETRAINED, pretrained_preset
 
     if ship and pretrained_preset(preset) is None:
         raise BadInput(f"--ship applies to the pretrained presets; the '{preset}' zoo is built from source")
+    if drafter == "eagle":
+        if preset not in PRETRAINED:
+            raise BadInput(f"--drafter eagle applies to the pretrained presets ({', '.join(PRETRAINED)})")
+        if on_policy or ship or from_source:
+            raise BadInput("--drafter eagle builds a head: --on-policy, --ship and --from-source are the layer draft's")
+        _build_heads(PRETRAINED[preset], offline_scenarios, divergence, as_json)
+        return
     with rich_progress(transient=False) as bars:
         progress = ProgressCallback(bars)
         pair = ensure_zoo(preset, progress=progress, from_source=from_source or ship)
@@ -96,6 +105,27 @@ def change_target(preset: str, target_path: str | None, change: str, as_json: bo
         click.echo(strict_json({"path": str(path), **(read_json(path / "build.json") or {})}, indent=2, sort_keys=True))
         return
     Console().print(f"changed target ({recipe.label}): {path}", highlight=False)
+
+
+def _build_heads(p, offline_scenarios: tuple[str, ...], divergence: str, as_json: bool) -> None:
+    """`--drafter eagle`: the preset's EAGLE-3 head and its offline heads, each cached by recipe."""
+    from drift_cli.zoo.cache import read_json
+    from drift_cli.zoo.pretrained import ensure_pretrained_head, ensure_pretrained_offline_head
+
+    with rich_progress(transient=False) as bars:
+        progress = ProgressCallback(bars)
+        head = ensure_pretrained_head(p, progress)
+        offline = [ensure_pretrained_offline_head(p, s, divergence, progress) for s in offline_scenarios]
+    records = {str(path): read_json(path / "build.json") for path in [head, *offline]}
+    if as_json:
+        click.echo(strict_json(records, indent=2, sort_keys=True))
+        return
+    table = row_table(f"zoo '{p.name}': EAGLE-3 heads",
+                      ("head", "vocabulary", "label tokens", "agreement before -> after", "build s"))
+    for path, b in records.items():
+        table.add_row(path, f"{b['vocab']:,}", f"{b['label_tokens']:,}",
+                      f"{b['agreement_before']:.3f} -> {b['agreement_after']:.3f}", f"{b['wall_time_s']:.1f}")
+    Console().print(table)
 
 
 def _manifest_table(manifest: dict) -> Table:

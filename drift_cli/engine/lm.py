@@ -14,6 +14,10 @@ per row: row b's new keys/values are written at its own positions, its attention
 position ids follow its own length, and rolling a row back is setting its length (the entries
 past it are overwritten by its next forward). n = 1 keeps the `DynamicCache` path, so batch 1
 runs exactly the operations it always ran. docs/engine.md has the choice and its cost.
+
+A drafter that reads the target's hidden states (an EAGLE head, docs/eagle.md) has them recorded
+during the passes the engine runs anyway: `capture(layers)` hooks the decoder layers, and every
+forward then leaves `features` behind. Nothing is hooked unless a drafter asks.
 """
 
 from __future__ import annotations
@@ -104,6 +108,11 @@ class CausalLM:
         self.rows: RowCache | None = None        # set by reset_rows(n > 1)
         self.clock: IterationClock = NullClock()
         self.forward_calls = 0
+        self.forward_tokens = 0                  # positions fed, padding included (a count, untimed)
+        self.capture_layers: tuple[int, ...] = ()
+        self.features: torch.Tensor | None = None   # [B, S, F] of the last forward, while capturing
+        self._hooks: list = []
+        self._captured: dict[int, torch.Tensor] = {}
 
     @property
     def device(self) -> torch.device:
@@ -117,6 +126,42 @@ class CausalLM:
         self.cache = DynamicCache(config=self.model.config)
         self.cache_len = 0
         self.rows = None
+
+    # -- target features: hidden states recorded during the passes that run anyway -------------
+
+    @property
+    def layers(self) -> int:
+        """L, the decoder layers: hidden-state indices run from 0 (the embeddings) to L (the final state)."""
+        return len(self.decoder.layers)
+
+    def capture(self, layers: tuple[int, ...]) -> None:
+        """Record, in every forward from now on, the hidden states at these Hugging Face
+        hidden-state indices, concatenated in this order, into `features` [B, S, len(layers)·d]:
+        index k < L is the input of decoder layer k (the output of layer k-1; 0: the embeddings),
+        index L (or -1) the final, post-norm state that the lm_head reads. () stops recording.
+        Forward pre-hooks on the decoder layers read what the pass computes anyway: no extra pass."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._captured, self.features = [], {}, None
+        n = self.layers
+        if any(not -1 <= k <= n for k in layers):
+            raise ValueError(f"hidden-state indices {layers} outside 0..{n} (or -1) of a {n}-layer model")
+        self.capture_layers = tuple(n if k == -1 else k for k in layers)
+        for k in sorted({k for k in self.capture_layers if k < n}):
+            self._hooks.append(self.decoder.layers[k].register_forward_pre_hook(self._recorder(k), with_kwargs=True))
+
+    def _recorder(self, k: int):
+        def record(module, args, kwargs):
+            self._captured[k] = args[0] if args else kwargs["hidden_states"]
+        return record
+
+    def _collect(self, hidden: torch.Tensor) -> None:
+        """After a forward: the recorded states (and the final one, `hidden`) as `features`."""
+        if self.capture_layers:
+            n = self.layers
+            parts = [hidden if k == n else self._captured[k] for k in self.capture_layers]
+            self.features = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+            self._captured = {}
 
     # -- batches: one committed length per slot --------------------------------------------------
 
@@ -135,6 +180,13 @@ class CausalLM:
 
     def row_len(self, slot: int) -> int:
         return self.cache_len if self.rows is None else self.rows.lengths[slot]
+
+    def refill_row(self, slot: int, ids: torch.Tensor) -> None:
+        """Recompute a row's cache over its committed ids [L] (all but the last): after a change
+        of the weights (OSD's update), never after a rollback."""
+        self.reset_row(slot)
+        if len(ids) > 1:
+            self.forward_rows([slot], [ids[:-1]])
 
     def crop_rows(self, slots: list[int], lengths: list[int]) -> None:
         """Roll each row back to its own committed length (never a re-prefill)."""
@@ -177,9 +229,11 @@ class CausalLM:
                                use_cache=True, **{self._kw: cache})
             hidden = out.last_hidden_state
             logits = self.head(hidden)
+            self._collect(hidden)
         for slot, n in zip(slots, sizes, strict=True):
             cache.lengths[slot] += n
         self.forward_calls += 1
+        self.forward_tokens += ids.numel()
         return hidden, logits
 
     @torch.inference_mode()
@@ -198,8 +252,10 @@ class CausalLM:
             )
             hidden = out.last_hidden_state
             logits = self.head(hidden)
+            self._collect(hidden)
         self.cache_len += s
         self.forward_calls += 1
+        self.forward_tokens += ids.numel()
         return hidden, logits
 
     def crop(self, length: int) -> None:

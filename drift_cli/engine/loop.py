@@ -16,6 +16,10 @@ Then every finished row (EOS or budget) hands its slot to the next prompt of the
 stream order, with a prefill of that row only, before the next iteration.
 
 Cache invariant for the target: each row holds its committed sequence minus its last token.
+
+A policy that asks for target features (`DraftPolicy.target_layers`) gets them out of these same
+passes (`CausalLM.capture`): the prefill's at admission, the verification's in the commit and the
+feedback. No target pass is added for them.
 """
 
 from __future__ import annotations
@@ -133,14 +137,16 @@ def _entropy(logits: torch.Tensor) -> list[float]:
 def verify(target: CausalLM, context: Rows, proposal: Proposal, sampler: Sampler):
     """Score each row's [last, x1..xk] with the target and apply the acceptance rule.
 
-    Returns (target_hidden [B, k+1, d], target_logits [B, k+1, V], accepted [B], next_token [B]);
-    row b's distributions are at [b, 0..num_draft[b]] (past them: copies of its last one).
+    Returns (target_hidden [B, k+1, d], target_logits [B, k+1, V], accepted [B], next_token [B],
+    target_features [B, k+1, F] or None when the target records none); row b's distributions are
+    at [b, 0..num_draft[b]] (past them: copies of its last one).
     """
     k = proposal.k
     if target.rows is None:               # batch 1
         feed = torch.cat([context.ids[0][target.cache_len:], proposal.tokens[0]])[None]
         hidden, logits = target.forward(feed)
         hidden, logits = hidden[:, -(k + 1):], logits[:, -(k + 1):]
+        features = None if target.features is None else target.features[:, -(k + 1):]
     else:
         lengths = proposal.lengths
         feeds = [torch.cat([ids[target.row_len(s):], proposal.tokens[b, :lengths[b]]])
@@ -152,12 +158,13 @@ def verify(target: CausalLM, context: Rows, proposal: Proposal, sampler: Sampler
         at = torch.minimum(at, (fed - 1)[:, None])
         rows = torch.arange(len(feeds), device=logits.device)[:, None]
         hidden, logits = hidden[rows, at], logits[rows, at]
+        features = None if target.features is None else target.features[rows, at]
     if sampler.greedy:
         accepted, next_token = accept_greedy(proposal.tokens, logits, proposal.num_draft)
     else:
         p = sampler.probs(sampler.sampling_logits(logits))
         accepted, next_token = accept_sampling(proposal.tokens, proposal.q, p, sampler.generator, proposal.num_draft)
-    return hidden, logits, accepted, next_token
+    return hidden, logits, accepted, next_token, features
 
 
 @dataclass
@@ -207,6 +214,8 @@ class Decoder:
         if len(ids) > 1:
             target.forward_rows([slot], [ids[:-1]])
         self.policy.slot = slot
+        if target.capture_layers:
+            self.policy.prompt_features = target.features[0] if len(ids) > 1 else None
         self.policy.begin_prompt(ids[None], tenant)
         self.clock.read()
         return _Row(index, list(prompt_ids), tenant, ids, (time.perf_counter() - t0) * 1e3, admitted)
@@ -217,6 +226,14 @@ class Decoder:
         the next step index."""
         cfg, policy, target = self.cfg, self.policy, self.target
         prompts = list(prompts)
+        target.capture(tuple(policy.target_layers))     # () for every drafter that reads no target state
+        try:
+            return self._run(prompts, out, step0, on_done)
+        finally:
+            target.capture(())
+
+    def _run(self, prompts: list, out: list[Generation], step0: int, on_done) -> int:
+        cfg, policy, target = self.cfg, self.policy, self.target
         b = max(1, min(cfg.batch_size, len(prompts)))   # slots beyond the prompts would stay empty
         target.reset_rows(b)
         policy.begin_batch(b)
@@ -264,7 +281,7 @@ class Decoder:
                 proposal = proposal.fit(fitted)
             proposal = _cut_at_eos(proposal, cfg.eos_id)
         with clock.span("verify"):
-            target_hidden, target_logits, accepted, next_token = verify(target, context, proposal, sampler)
+            target_hidden, target_logits, accepted, next_token, features = verify(target, context, proposal, sampler)
             acc = accepted.tolist()  # the one host read per iteration
         drafted, nxt = proposal.lengths, next_token.tolist()
         tokens = proposal.tokens.tolist() if proposal.k else [[] for _ in rows]
@@ -277,10 +294,12 @@ class Decoder:
             emitted.append(len(new))
             new_ids.append(torch.cat([row.ids, torch.tensor(new, dtype=torch.long, device=row.ids.device)]))
         target.crop_rows(active, [len(ids) - 1 for ids in new_ids])
-        committed = context.with_ids(new_ids)
-        policy.commit(committed)
+        # the states the target scored at newly committed positions: [last, accepted drafts]
+        scored = None if features is None else [features[r, :emitted[r]] for r in range(len(rows))]
+        policy.commit(context.with_ids(new_ids, scored))
         with clock.span("adapt"):
-            policy.observe(Feedback(context, proposal, target_logits, accepted, next_token, sampler, step, target_hidden))
+            policy.observe(Feedback(context, proposal, target_logits, accepted, next_token, sampler, step, target_hidden,
+                                    features))
         ms = clock.read()
         share = 1.0 / len(rows)
         total = (time.perf_counter() - t_start) * 1e3

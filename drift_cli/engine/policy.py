@@ -14,6 +14,15 @@ with `self.slot` naming the row's slot (0..slots-1). `rows` is a `Rows`: the act
 iteration in slot order, each with its own committed ids; a proposal is ragged (tokens [B, γ]
 plus num_draft [B]). Batch size 1 is one row in slot 0.
 
+Target features. A policy whose drafter reads the target's hidden states (an EAGLE head) names
+them in `target_layers` (Hugging Face hidden-state indices: k < L the input of target layer k,
+L or -1 the final post-norm state; concatenated in that order). The engine then records them
+during the target passes it runs anyway and hands them over as they become known, each row's
+in position order, for the committed positions the target has scored (every committed position
+but the last, as the target's cache holds): the prompt's in `prompt_features` before
+`begin_prompt`, each iteration's newly committed ones in `commit`'s `Rows.features`, and all the
+scored positions [last, x1..xk] in `Feedback.target_features`.
+
 The methods (`drift_cli.methods`) implement `DraftPolicy`; this module imports none of them.
 """
 
@@ -37,6 +46,10 @@ class Rows:
     ids: list[torch.Tensor]                  # per row: its committed ids [L_b] (prompt + output so far)
     tenants: list[str | None]
     budget: list[int] | None = None          # per row: the most it may draft now (propose only; None: gamma)
+    # commit only, when the policy asks for target features: per row [e_b, F], the target's states
+    # at the positions this iteration committed that it scored (the row's previous last token and
+    # its accepted drafts: e_b = tokens it emitted), continuing the row's earlier ones
+    features: list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -48,8 +61,8 @@ class Rows:
         """Each row's draft budget, at most gamma."""
         return [gamma] * len(self) if self.budget is None else [max(0, min(gamma, b)) for b in self.budget]
 
-    def with_ids(self, ids: list[torch.Tensor]) -> "Rows":
-        return Rows(self.slots, ids, self.tenants)
+    def with_ids(self, ids: list[torch.Tensor], features: list[torch.Tensor] | None = None) -> "Rows":
+        return Rows(self.slots, ids, self.tenants, features=features)
 
 
 def as_rows(context: "Rows | torch.Tensor") -> Rows:
@@ -127,6 +140,7 @@ class Feedback:
     sampler: Sampler
     step: int                    # verification step index within the stream
     target_hidden: torch.Tensor | None = None  # [B, k+1, d_target] the target's lm_head inputs
+    target_features: torch.Tensor | None = None  # [B, k+1, F] the policy's `target_layers` there (or None)
 
 
 S = TypeVar("S")
@@ -176,6 +190,11 @@ class DraftPolicy:
     # Set by the engine for the `confidence` γ controller: a drafter that can stop early stops
     # before the first position whose proposal's top probability is below this.
     p_min: float | None = None
+    # The target hidden states the drafter reads (see the module's docstring); () : none, nothing recorded.
+    target_layers: tuple[int, ...] = ()
+    # Set by the engine before `begin_prompt` when target_layers is not empty: the prompt's features
+    # [P-1, F] at its positions but the last (None for a one-token prompt).
+    prompt_features: torch.Tensor | None = None
 
     @classmethod
     def build(cls, ctx: MethodContext) -> "DraftPolicy":

@@ -1,5 +1,9 @@
 """Draft-model methods: `ModelDraftPolicy`, γ autoregressive steps of a draft LM.
 
+The draft LM is a draft model (`CausalLM`) or an EAGLE head (`drift_cli.eagle.drafter.HeadDrafter`,
+which reads the target's hidden states): both have the same row interface, so vanilla, drift,
+offline and osd run on either through the same propose loop.
+
 The policy interface itself (`DraftPolicy`, `Rows`, `Proposal`, `Feedback`, `MethodContext`)
 belongs to the engine (`drift_cli.engine.policy`); it is re-exported here for the methods.
 """
@@ -8,10 +12,20 @@ from __future__ import annotations
 
 import torch
 
+from drift_cli.eagle import is_head
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.policy import (DraftPolicy, Feedback, MethodContext, Proposal, Rows, as_rows,  # noqa: F401
                                      ragged)
 from drift_cli.engine.sampling import Sampler
+
+
+def draft_lm(draft: torch.nn.Module, name: str = "draft"):
+    """The draft LM that drives `draft`: a `HeadDrafter` for an EAGLE head, else a `CausalLM`."""
+    if is_head(draft):
+        from drift_cli.eagle.drafter import HeadDrafter
+
+        return HeadDrafter(draft, name)
+    return CausalLM(draft, name=name)
 
 
 class ModelDraftPolicy(DraftPolicy):
@@ -20,12 +34,16 @@ class ModelDraftPolicy(DraftPolicy):
     Subclasses change the proposal through `adjust` (sampling-space logits) and learn in `observe`.
     Cache invariant: the draft cache holds a prefix of the committed sequence minus its last
     token; `propose` feeds whatever committed tokens the cache lacks (1, or 2 after a bonus).
+    A head (`target_layers` not empty) also takes the target's states of the committed positions
+    (the prompt's in `begin_prompt`, each iteration's in `commit`); a row with no state yet (a
+    one-token prompt before its first verification) drafts nothing.
     """
 
     uses_draft_model = True
 
     def __init__(self, draft: torch.nn.Module) -> None:
-        self.lm = CausalLM(draft, name="draft")
+        self.lm = draft_lm(draft)
+        self.target_layers = tuple(getattr(self.lm, "target_layers", ()))
 
     @classmethod
     def build(cls, ctx: MethodContext) -> "DraftPolicy":
@@ -38,8 +56,11 @@ class ModelDraftPolicy(DraftPolicy):
     def begin_prompt(self, prompt: torch.Tensor, tenant: str | None = None) -> None:
         self.lm.reset_row(self.slot)
         self.lm.clock = self.clock
-        if prompt.shape[1] > 1:
-            self.lm.forward_rows([self.slot], [prompt[0, :-1]])
+        if self.target_layers:
+            self.lm.add_features(self.slot, self.prompt_features)
+        feed = prompt[0, self.lm.row_len(self.slot):-1]      # a draft model: all but the last token
+        if len(feed):
+            self.lm.forward_rows([self.slot], [feed])
 
     def adjust(self, hidden: torch.Tensor, logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
         """hidden [B, d], sampling-space logits [B, V] -> the logits to draw from. Identity here."""
@@ -50,6 +71,9 @@ class ModelDraftPolicy(DraftPolicy):
         """γ batched draft steps for every row; a row with a smaller budget keeps its first ones."""
         context = as_rows(context)
         feed: list[torch.Tensor] | torch.Tensor = [ids[self.lm.row_len(s):] for s, ids in zip(context.slots, context.ids)]
+        budgets = [n if len(f) else 0 for n, f in zip(context.budgets(gamma), feed, strict=True)]
+        if not any(budgets):                               # no row has anything to draft from
+            return DraftPolicy.propose(self, context, gamma, sampler)
         tokens, qs, hs, zs, tops = [], [], [], [], []
         for _ in range(gamma):
             h, z = self.lm.forward_rows(context.slots, feed)
@@ -79,11 +103,14 @@ class ModelDraftPolicy(DraftPolicy):
             hidden=torch.stack(hs, 1),
             base_logits=torch.stack(zs, 1),
             top_prob=torch.stack(tops, 1) if tops else None,
-        ).fit([min(n, len(tokens)) for n in context.budgets(gamma)])   # the confidence stop may end it early
+        ).fit([min(n, len(tokens)) for n in budgets])   # the confidence stop may end it early
 
     def commit(self, context: Rows) -> None:
         context = as_rows(context)
         self.lm.crop_rows(context.slots, [len(ids) - 1 for ids in context.ids])
+        if self.target_layers and context.features is not None:
+            for slot, features in zip(context.slots, context.features, strict=True):
+                self.lm.add_features(slot, features)
 
 
 def last_positions(x: torch.Tensor, feed: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:

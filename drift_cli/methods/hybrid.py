@@ -23,7 +23,9 @@ Both sources stay correct whoever proposed:
   * the copying source's tries/index see every committed token (`commit` goes to both);
   * the model draft's cache is never re-prefilled: a row that copied lags behind, and the next
     time the model source drafts for it the tokens it lacks are fed in the first draft forward,
-    batched with the other rows' (`ModelDraftPolicy.propose` feeds whatever the cache lacks);
+    batched with the other rows' (`ModelDraftPolicy.propose` feeds whatever the cache lacks); an
+    EAGLE head takes the target's states of every committed position through `commit` whoever
+    proposed, so its catch-up pairs are real ones too;
   * the model source observes the verification of the rows it proposed for (a sub-batch of the
     feedback). With `--hybrid-learn-copied` it also learns from the copied rows: the draft runs
     teacher-forced over the copied tokens (its own draft steps, the copied tokens in place of its
@@ -176,6 +178,7 @@ class Hybrid(DraftPolicy):
         self.copy_name, self.model_name = copy.name, model.name     # the steps' source labels
         assert self.copy_name != self.model_name and NONE not in (self.copy_name, self.model_name)
         self.vocab = model.lm.vocab_size
+        self.target_layers = model.target_layers        # an EAGLE head's: the engine records them for it
         self._committed: Rows | None = None
         self._model_prop: Proposal | None = None        # the model source's last proposal, as it made it
         self._reset_figures()
@@ -198,6 +201,7 @@ class Hybrid(DraftPolicy):
         for src in (self.copy, self.model):
             src.clock, src.slot = self.clock, self.slot
         self.model.p_min = self.p_min
+        self.model.prompt_features = self.prompt_features
 
     def begin_stream(self) -> None:
         self._reset_figures()

@@ -8,6 +8,12 @@ draft's KV cache is rebuilt for the current context (one re-prefill: the cached 
 computed with the old weights). All of it runs in `observe`, so the engine times it as the
 iteration's adaptation: the update iterations are the latency spikes in `p99_step_ms`.
 The shared draft is never touched; `begin_stream` restores the copy to it.
+
+On an EAGLE head only the head trains (`EagleHead.trainable_parameters`: not its embeddings, not
+the target's parts it borrows); the target is frozen and its states are inputs. A buffered
+position keeps the target's states over its context (views of the drafter's per-row history,
+verification's for drafted positions past it), and the trainer runs the head on them teacher
+forced (docs/eagle.md).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 
 import torch
 
+from drift_cli.eagle import is_head
 from drift_cli.engine.head import compact_head, vocab_subset
 from drift_cli.errors import BadInput
 from drift_cli.methods.base import Feedback, MethodContext, ModelDraftPolicy, Rows, as_rows
@@ -34,9 +41,13 @@ class OnlineDistillation(ModelDraftPolicy):
     def __init__(self, draft: torch.nn.Module, cfg: OSDConfig = OSDConfig(), seed: int = 0) -> None:
         self.shared = draft                                   # read only: the reset point of every stream
         cfg = cfg.validate()
-        student = copy.deepcopy(draft)
+        student = copy.deepcopy(draft)                        # a head's copy shares the target's parts
         student.requires_grad_(cfg.train == "all")
-        if cfg.train != "all":
+        if is_head(draft):                                    # the head is one layer: "last" and "head" are all of it
+            student.requires_grad_(False)
+            for w in student.trainable_parameters():
+                w.requires_grad_(True)
+        elif cfg.train != "all":
             compact_head(student)                             # a subset head trains K rows, not V
             decoder = student.get_decoder()
             parts = (decoder.layers[-1], decoder.norm) if cfg.train == "last" else ()
@@ -44,6 +55,9 @@ class OnlineDistillation(ModelDraftPolicy):
                 part.requires_grad_(True)
         super().__init__(student)
         self.student, self.cfg, self.seed = student, cfg, seed
+        # a draft model whose output head alone trains: its KV cache never goes stale, and a
+        # buffered position keeps the head's input (an EAGLE head is one layer: it always re-fills)
+        self.head_only = cfg.train == "head" and not is_head(draft)
         subset = vocab_subset(draft)
         self._subset = None if subset is None else torch.tensor(subset, device=self.lm.device)
         self.device = self.lm.device
@@ -84,18 +98,27 @@ class OnlineDistillation(ModelDraftPolicy):
         if self.cfg.frozen:
             return                                             # nothing would ever read the buffer
         self.buffer.extend(entries_from_feedback(feedback, self.cfg.topk, self.cfg.all_positions,
-                                                 keep_hidden=self.cfg.train == "head"))
+                                                 self._context_features(feedback) if self.target_layers else None,
+                                                 keep_hidden=self.head_only))
         # Counted here rather than read from feedback.step: equal under run_stream, and still
         # stream-global when a caller drives `generate` prompt by prompt (step restarts at 0).
         self.verifications += 1
         if self.cfg.due(self.verifications - 1) and len(self.buffer):
             self._update(target_temperature(feedback))
 
+    def _context_features(self, feedback: Feedback):
+        """(row b, drafted slot j) -> the target's states over that buffered context (a head's)."""
+        ctx, scored = feedback.context, feedback.target_features
+
+        def features(b: int, j: int) -> torch.Tensor:
+            return self.lm.context_features(ctx.slots[b], len(ctx.ids[b]) - 1, scored[b, :j])
+        return features
+
     def _update(self, temperature: float) -> None:
         t0 = now_ms(self.device)
         loss, norm, grad_bytes = self.trainer.update(self.buffer, temperature, self.generator)
         t1 = t2 = now_ms(self.device)
-        if self.cfg.train != "head":                           # the head alone leaves every cached key/value valid
+        if not self.head_only:                                 # the head alone leaves every cached key/value valid
             self._rebuild_cache()
             t2 = now_ms(self.device)
         s = self.stats
@@ -111,12 +134,9 @@ class OnlineDistillation(ModelDraftPolicy):
         `ModelDraftPolicy` cache invariant) under the new weights, every row (a weight change,
         not a rollback: rollbacks never re-prefill)."""
         if self._committed is None:
-            self.lm.reset_row(0)
             return
         for slot, ids in zip(self._committed.slots, self._committed.ids, strict=True):
-            self.lm.reset_row(slot)
-            if len(ids) > 1:
-                self.lm.forward_rows([slot], [ids[:-1]])
+            self.lm.refill_row(slot, ids)
 
     # -- figures -------------------------------------------------------------------------------
 

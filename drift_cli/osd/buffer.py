@@ -8,17 +8,20 @@ The trainer reads the draft's logits at `ids[-1]`, which are exactly the logits 
 the token (the public OSD LLaMA path reads them one position later; we do not).
 
 The target is never re-run: its distribution is copied out of the verification pass, kept as
-its top-K log-probabilities (renormalised over the support at training time) or in full.
-When an update trains the output head alone (`--osd-train head`), an entry also keeps the draft's
-hidden state at that position (the head's input, `Proposal.hidden`): the layers below the head do
-not change, so the trainer reads it instead of running the draft over the context again.
+its top-K log-probabilities (renormalised over the support at training time) or in full. For an
+EAGLE head an entry also holds the target's states over its context (positions 0..L-2, the pairs
+that precede the token), as the drafter hands them out: views of its per-row history where the
+commit holds them (no copy), verification's for drafted positions past the accepted ones.
+When an update trains a draft model's output head alone (`--osd-train head`), an entry also keeps
+the draft's hidden state at that position (the head's input, `Proposal.hidden`): the layers below
+the head do not change, so the trainer reads it instead of running the draft over the context.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -31,11 +34,13 @@ class BufferEntry:
     ids: torch.Tensor                 # [L] int64: the context whose last position predicts the token
     logprobs: torch.Tensor            # [K] (top-K) or [V] (full) fp32 target log-probs at the decode temperature
     support: torch.Tensor | None      # [K] int64 token ids of the top-K support; None = full distribution
-    hidden: torch.Tensor | None = None   # [d] the draft's head input at the context's last position
-    #                                      (kept only when the layers below the head are frozen)
+    features: torch.Tensor | None = None   # [L-1, F] an EAGLE head's: the target's states over the context
+    hidden: torch.Tensor | None = None     # [d] a draft model's head input at the context's last position
+    #                                        (kept only when the layers below its head are frozen)
 
     @property
     def nbytes(self) -> int:
+        """Bytes of its own (target states are views of shared storage: `ReplayBuffer.nbytes` counts them)."""
         extra = sum(t.nbytes for t in (self.support, self.hidden) if t is not None)
         return self.ids.nbytes + self.logprobs.nbytes + extra
 
@@ -54,10 +59,13 @@ def target_temperature(feedback: Feedback) -> float:
 
 @torch.no_grad()
 def entries_from_feedback(feedback: Feedback, topk: int, all_positions: bool,
+                          features: Callable[[int, int], torch.Tensor] | None = None,
                           keep_hidden: bool = False) -> list[BufferEntry]:
     """The buffer entries one verification step yields. Copies (clones) everything it keeps:
     the feedback's tensors come out of inference mode and the engine reuses nothing of ours.
-    keep_hidden: each entry also keeps the proposal's hidden state at its position."""
+    features (an EAGLE head's): (row b, drafted slot j) -> the target's states over that context
+    (kept as given: the trainer copies them into its batch). keep_hidden: each entry also keeps
+    the proposal's hidden state at its position (a draft model whose head alone trains)."""
     prop = feedback.proposal
     keep_hidden = keep_hidden and prop.hidden is not None
     temp = target_temperature(feedback)
@@ -67,12 +75,13 @@ def entries_from_feedback(feedback: Feedback, topk: int, all_positions: bool,
         for j in buffered_slots(int(feedback.accepted[b]), lengths[b], all_positions):
             ids = torch.cat([feedback.context[b], prop.tokens[b, :j]]).clone()     # [L + j]
             logp = torch.log_softmax(feedback.target_logits[b, j].float() / temp, dim=-1)  # [V]
+            states = None if features is None else features(b, j)
             hidden = prop.hidden[b, j].clone() if keep_hidden else None
             if 0 < topk < logp.shape[-1]:
                 vals, idx = logp.topk(topk)
-                out.append(BufferEntry(ids, vals.clone(), idx.clone(), hidden))
+                out.append(BufferEntry(ids, vals.clone(), idx.clone(), states, hidden))
             else:
-                out.append(BufferEntry(ids, logp.clone(), None, hidden))
+                out.append(BufferEntry(ids, logp.clone(), None, states, hidden))
     return out
 
 
@@ -108,4 +117,7 @@ class ReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self.entries)
+        """The entries' own bytes plus each distinct storage of target states they hold once."""
+        storages = {e.features.untyped_storage().data_ptr(): e.features.untyped_storage().nbytes()
+                    for e in self.entries if e.features is not None}
+        return sum(e.nbytes for e in self.entries) + sum(storages.values())

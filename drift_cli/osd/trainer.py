@@ -4,7 +4,9 @@ Packing. Buffered contexts from one prompt are prefixes of each other (the rejec
 context is a prefix of the committed sequence), so a batch packs every context that is a prefix
 of a longer one into that one's row: one forward pass per distinct sequence, right-padded (the
 causal mask keeps padding out of every position that is read). Positions start at 0 as in the
-engine's KV-cached forward. Only the read positions go through `lm_head`.
+engine's KV-cached forward. Only the read positions go through `lm_head`. An EAGLE head reads
+the target's states too: each packed row takes its longest entry's ([S-1, F], copied into the
+batch), and the head runs teacher forced on them (`EagleHead.teacher_forced`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class PackedBatch:
     ids: torch.Tensor   # [R, S] int64, right-padded with 0; R distinct sequences
     row: torch.Tensor   # [N] int64: the row holding entry i's context
     col: torch.Tensor   # [N] int64: the last position of entry i's context (its logits predict the token)
+    features: torch.Tensor | None = None   # [R, S-1, F] an EAGLE head's target states (zeros past a row)
 
 
 def pack(entries: list[BufferEntry]) -> PackedBatch:
@@ -45,11 +48,23 @@ def pack(entries: list[BufferEntry]) -> PackedBatch:
         padded[r, : s.shape[0]] = s
     col = [e.ids.shape[0] - 1 for e in entries]
     dev = padded.device
-    return PackedBatch(padded, torch.tensor(row, device=dev), torch.tensor(col, device=dev))
+    features = None
+    if entries[0].features is not None:           # each row's states: those of its longest entry
+        longest = {}
+        for i in order:
+            longest.setdefault(row[i], entries[i].features)
+        features = torch.zeros(len(seqs), max(1, width - 1), longest[0].shape[-1], dtype=longest[0].dtype, device=dev)
+        for r, f in longest.items():
+            features[r, :f.shape[0]] = f
+    return PackedBatch(padded, torch.tensor(row, device=dev), torch.tensor(col, device=dev), features)
 
 
 def logits_at(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-    """The model's raw logits [N, V] (fp32) at each entry's last context position, with gradients."""
+    """The model's raw logits [N, V] (fp32) at each entry's last context position, with gradients.
+    A head's: at the pair before it (state at L-2, token L-1), which predicts the next token."""
+    if batch.features is not None:
+        hidden = model.teacher_forced(batch.ids, batch.features)                   # [R, S-1, d]
+        return head_logits(model, hidden[batch.row, batch.col - 1])
     s = batch.ids.shape[1]
     pos = torch.arange(s, device=batch.ids.device).unsqueeze(0).expand(batch.ids.shape[0], -1)
     hidden = model.get_decoder()(input_ids=batch.ids, position_ids=pos, use_cache=False).last_hidden_state

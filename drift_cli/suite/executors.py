@@ -59,7 +59,7 @@ def build_plan(cells: list[Cell]) -> dict[str, list]:
 
     from drift_cli.zoo.presets import draft_variant
 
-    zoos, scenarios, offline = set(), set(), set()
+    zoos, scenarios, offline, heads = set(), set(), set(), set()
     for c in cells:
         s = c.settings
         zoo = draft_variant(s["zoo"], s.get("draft_layers"))   # validated with the cell (validate_cell)
@@ -69,10 +69,17 @@ def build_plan(cells: list[Cell]) -> dict[str, list]:
                 scenarios.add(CONTROL_SCENARIO)
         if s["draft"] is None:
             zoos.add(zoo)
+            eagle = s.get("drafter") == "eagle"
+            if eagle:
+                heads.add((zoo, None, None))
             if s["corpus"] is None and "offline" in resolve_methods(s["methods"]) and not s["options"].get("offline_draft"):
-                offline.add((zoo, s["scenario"], s["options"].get("divergence") or "fkl",
-                             bool(s["options"].get("offline_on_policy"))))
-    return {"zoos": sorted(zoos), "scenarios": sorted(scenarios), "offline": sorted(offline)}
+                divergence = s["options"].get("divergence") or "fkl"
+                if eagle:
+                    heads.add((zoo, s["scenario"], divergence))
+                else:
+                    offline.add((zoo, s["scenario"], divergence, bool(s["options"].get("offline_on_policy"))))
+    return {"zoos": sorted(zoos), "scenarios": sorted(scenarios), "offline": sorted(offline),
+            "heads": sorted(heads, key=lambda h: (h[0], h[1] or "", h[2] or ""))}
 
 
 def prepare(plan: dict[str, list]) -> str:
@@ -88,6 +95,14 @@ def prepare(plan: dict[str, list]) -> str:
         scenarios.build(name)
     for zoo, scenario, divergence, on_policy in plan["offline"]:
         ensure_offline_draft(zoo, scenario, divergence, on_policy)
+    for zoo, scenario, divergence in plan.get("heads", []):      # --drafter eagle: the zoo's heads
+        from drift_cli.zoo.presets import pretrained_preset
+        from drift_cli.zoo.pretrained import ensure_pretrained_head, ensure_pretrained_offline_head
+
+        if scenario is None:
+            ensure_pretrained_head(pretrained_preset(zoo))
+        else:
+            ensure_pretrained_offline_head(pretrained_preset(zoo), scenario, divergence)
     return socket.gethostname()
 
 

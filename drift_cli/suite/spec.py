@@ -41,7 +41,8 @@ NOT_SETTINGS = ("out", "options", "batch_sizes")   # BenchConfig fields a suite 
 #                                                    sets out; a batch-size axis is a grid key)
 # Settings added after suites had written cells: at their default they stay out of the key, so
 # that the cells written before them keep their keys (any other value enters it as usual).
-KEY_IF_SET = {"shuffle": 0, "batch_size": 1, "switch_after": None, "switch_target": None, "draft_layers": None}
+KEY_IF_SET = {"shuffle": 0, "batch_size": 1, "switch_after": None, "switch_target": None, "draft_layers": None,
+              "drafter": "layer", "draft_kind": "auto"}
 KEY_IF_SET_OPTIONS = {"offline_on_policy": None,   # method options likewise (None: not given)
                       "gamma_policy": None, "gamma_p_min": None, "gamma_ema_rate": None, "gamma_cost_decay": None,
                       "residuals": None, "osd_train": None, "hybrid_copy": None, "hybrid_model": None, "hybrid_rule": None,

@@ -155,6 +155,25 @@ class KDRecipe:
 
 
 @dataclass(frozen=True)
+class HeadRecipe:
+    """An EAGLE-3 head for a pretrained target (`drift_cli.eagle.train`, docs/eagle.md): its
+    midlayer initialised from a target layer, trained on the target's top-k labels and hidden
+    states. The labels are the layer draft's (the same `LabelledData`, windows and seed: equal
+    labelling cost) and so is its vocabulary (the same frequency-truncated subset)."""
+
+    epochs: int
+    batch: int
+    lr: float
+    warmup: int
+    # training-time test: 1 = teacher forcing on the target's states only; n > 1 also unrolls the
+    # head n - 1 steps on its own carried states, as drafting runs it (EAGLE-3, HASS)
+    ttt_steps: int = 1
+    init_layer: int = -1            # the target layer the midlayer starts from (-1: the last)
+    aux_layers: tuple[int, ...] = ()   # the target states it fuses; (): EAGLE-3's (2, L // 2, L - 3)
+    seed: int = 0                   # the order of its training batches
+
+
+@dataclass(frozen=True)
 class PretrainedPreset:
     """A zoo on a pretrained target shipped by a PyPI package (located without importing it)."""
 
@@ -171,6 +190,9 @@ class PretrainedPreset:
     offline_vocab: str = "base"
     # method defaults that differ from the code's for this pair, tuned on its dev streams
     method_defaults: dict = field(default_factory=dict)
+    # `--drafter eagle`: an EAGLE-3 head on draft_train's labels, and its offline heads on offline's
+    head: HeadRecipe = HeadRecipe(epochs=2, batch=16, lr=1e-3, warmup=10)
+    head_offline: HeadRecipe = HeadRecipe(epochs=2, batch=16, lr=5e-4, warmup=5)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -195,6 +217,9 @@ PRETRAINED: dict[str, PretrainedPreset] = {
         offline_vocab="domain",
         # an update of every parameter costs ~28 s here; the last layer and head ~1.5 s (docs/osd.md)
         method_defaults={"osd_train": "last"},
+        # ttt_steps 1 until the dev streams choose (docs/eagle.md, "Building a head")
+        head=HeadRecipe(epochs=2, batch=16, lr=1e-3, warmup=10, ttt_steps=1),
+        head_offline=HeadRecipe(epochs=2, batch=16, lr=5e-4, warmup=5, ttt_steps=1),
     ),
 }
 

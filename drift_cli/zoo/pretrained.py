@@ -33,7 +33,7 @@ from drift_cli.engine.head import VOCAB_SUBSET_KEY, vocab_subset
 from drift_cli.engine.lm import CausalLM
 from drift_cli.errors import BadInput
 from drift_cli.zoo import cache
-from drift_cli.zoo.presets import KDRecipe, LabelledData, PretrainedPreset
+from drift_cli.zoo.presets import HeadRecipe, KDRecipe, LabelledData, PretrainedPreset
 from drift_cli.zoo.tokenizer import encode_documents
 from drift_cli.zoo.training import Progress, cpu_threads, run_steps, windows
 
@@ -77,16 +77,22 @@ def _load(path: Path) -> torch.nn.Module:
 
 @dataclass
 class Labels:
-    """ids [N, L] int64; top_ids / top_logp [N, L, k] (the target's top-k); mask [N, L] bool."""
+    """ids [N, L] int64; top_ids / top_logp [N, L, k] (the target's top-k); mask [N, L] bool;
+    features [N, L, F] (float16 where it holds them) the target's hidden states at the layers a
+    head reads (`CausalLM.capture`), recorded in the labelling passes themselves; None for a layer draft."""
 
     ids: torch.Tensor
     top_ids: torch.Tensor
     top_logp: torch.Tensor
     mask: torch.Tensor
+    features: torch.Tensor | None = None
 
     @staticmethod
     def cat(parts: list["Labels"]) -> "Labels":
-        return Labels(*(torch.cat([getattr(x, f) for x in parts]) for f in ("ids", "top_ids", "top_logp", "mask")))
+        out = Labels(*(torch.cat([getattr(x, f) for x in parts]) for f in ("ids", "top_ids", "top_logp", "mask")))
+        if parts and all(x.features is not None for x in parts):
+            out.features = torch.cat([x.features for x in parts])
+        return out
 
 
 def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,34 +100,63 @@ def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return i, v
 
 
+FEATURE_LIMIT = 6.0e4     # float16 holds states up to 65504; a target whose states exceed it keeps float32
+
+
+def _stored(features: torch.Tensor) -> torch.Tensor:
+    """Target states as kept in memory for training: float16 (half the bytes) when they fit."""
+    return features.half() if float(features.abs().max()) < FEATURE_LIMIT else features.float()
+
+
+def _scored(target: torch.nn.Module, ids: torch.Tensor, layers: tuple[int, ...]):
+    """(logits [B, L, V], the states at `layers` [B, L, F] or None) of one pass over ids [B, L]."""
+    if not layers:
+        return target(input_ids=ids).logits, None
+    lm = CausalLM(target, "label")
+    lm.capture(layers)
+    lm.reset()
+    _, logits = lm.forward(ids)
+    features = _stored(lm.features)
+    lm.capture(())
+    return logits, features
+
+
 @torch.inference_mode()
 def label_windows(target: torch.nn.Module, rows: torch.Tensor, k: int, batch: int,
-                  tick=None) -> Labels:
-    """The target's top-k at every position of rows [N, L] (real text)."""
-    ids, lps = [], []
+                  tick=None, layers: tuple[int, ...] = ()) -> Labels:
+    """The target's top-k at every position of rows [N, L] (real text); with `layers`, its states
+    there too, from the same passes."""
+    ids, lps, feats = [], [], []
     for s in range(0, rows.shape[0], batch):
-        i, v = _topk(target(input_ids=rows[s:s + batch]).logits, k)
+        logits, f = _scored(target, rows[s:s + batch], layers)
+        i, v = _topk(logits, k)
         ids.append(i)
         lps.append(v)
+        feats.append(f)
         if tick:
             tick(min(s + batch, rows.shape[0]) * rows.shape[1])
-    return Labels(rows, torch.cat(ids), torch.cat(lps), torch.ones(rows.shape, dtype=torch.bool))
+    return Labels(rows, torch.cat(ids), torch.cat(lps), torch.ones(rows.shape, dtype=torch.bool),
+                  torch.cat(feats) if layers else None)
 
 
 @torch.inference_mode()
 def continuations(target: torch.nn.Module, prefixes: torch.Tensor, new_tokens: int, k: int, eos: int | None,
-                  generator: torch.nn.Module | None = None, seed: int = 0) -> Labels:
+                  generator: torch.nn.Module | None = None, seed: int = 0, layers: tuple[int, ...] = ()) -> Labels:
     """prefixes [B, P] continued for `new_tokens` tokens, labelled by the target at every position.
 
     generator None: the target continues greedily (its own trajectories; labels come from the
     same passes). Otherwise `generator` (the draft) samples at temperature 1 (on-policy data)
     and the target labels the result in one more pass. Positions after an EOS are masked out.
+    With `layers`, the target's states at every position too, from the passes that label them.
     """
     b, p = prefixes.shape
     model = target if generator is None else generator
     lm = CausalLM(model, "gen")
+    if generator is None:
+        lm.capture(layers)
     lm.reset()
     _, logits = lm.forward(prefixes)
+    feats = [lm.features] if generator is None and layers else []
     tok_ids, tok_lp = ([], []) if generator is None else (None, None)
     if generator is None:
         i, v = _topk(logits, k)
@@ -145,17 +180,27 @@ def continuations(target: torch.nn.Module, prefixes: torch.Tensor, new_tokens: i
             i, v = _topk(logits, k)
             tok_ids.append(i)
             tok_lp.append(v)
+            if layers:
+                feats.append(lm.features)
+    lm.capture(())
     ids = torch.cat(seq, 1)[:, : p + new_tokens]
     m = torch.cat(mask, 1)[:, : p + new_tokens]
+    features = None
     if generator is None:
         top_i, top_v = torch.cat(tok_ids, 1)[:, : p + new_tokens], torch.cat(tok_lp, 1)[:, : p + new_tokens]
+        if layers:
+            features = _stored(torch.cat(feats, 1)[:, : p + new_tokens])
     else:
-        top_i, top_v = _topk(target(input_ids=ids).logits, k)
-    return Labels(ids, top_i, top_v, m)
+        logits, features = _scored(target, ids, layers)
+        top_i, top_v = _topk(logits, k)
+    return Labels(ids, top_i, top_v, m, features)
 
 
 def build_labels(target: torch.nn.Module, tokenizer, docs, data: LabelledData, seed: int,
-                 progress: Progress | None, label: str, generator: torch.nn.Module | None = None) -> Labels:
+                 progress: Progress | None, label: str, generator: torch.nn.Module | None = None,
+                 layers: tuple[int, ...] = ()) -> Labels:
+    """The target's top-k over windows of `docs` and over its greedy continuations of their
+    prefixes (`data`); with `layers`, its states at those hidden-state indices from the same passes."""
     rows = windows(encode_documents(tokenizer, [d.text for d in docs]), data.seq_len)
     order = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(seed))
     rows = rows[order]
@@ -170,12 +215,12 @@ def build_labels(target: torch.nn.Module, tokenizer, docs, data: LabelledData, s
         if progress:
             progress(f"{label} labels", min(total, done[0] + n), total)
 
-    parts = [label_windows(target, rows[:n_raw], data.top_k, data.gen_batch, tick)] if n_raw else []
+    parts = [label_windows(target, rows[:n_raw], data.top_k, data.gen_batch, tick, layers)] if n_raw else []
     done[0] = n_raw * data.seq_len
     gen_rows = rows[n_raw:n_raw + n_gen, : data.prefix_len]
     for s in range(0, n_gen, data.gen_batch):
         parts.append(continuations(target, gen_rows[s:s + data.gen_batch], data.seq_len - data.prefix_len,
-                                   data.top_k, tokenizer.eos_token_id, generator, seed + s))
+                                   data.top_k, tokenizer.eos_token_id, generator, seed + s, layers))
         done[0] += parts[-1].ids.numel()
         tick(0)
     return Labels.cat(parts)
@@ -451,4 +496,124 @@ def ensure_pretrained_offline(p: PretrainedPreset, scenario: str, divergence_kin
             _build(final, recipe, lambda out: _train_draft(
                 p, target, tok, draft, docs, p.offline, divergence_kind, on_policy, out, progress,
                 f"offline {final.name}", revocab=p.offline_vocab == "domain"))
+    return final
+
+
+# ---- EAGLE-3 heads (`--drafter eagle`) ------------------------------------------------------------
+
+HEAD_ROOT = "eagle3"     # zoo/eagle3-<preset>-<hash>/: head/ and offline/<scenario>-<divergence>/
+
+
+def train_head(target: torch.nn.Module, tokenizer, docs, data: LabelledData, recipe: HeadRecipe, vocab: int,
+               kind: str, out: Path, progress: Progress | None, label: str, head=None, label_seed: int = 0,
+               revocab: bool = False) -> dict:
+    """Label `docs` with the target (its top-k and, in the same passes, its states at the head's
+    layers), choose the draft vocabulary (the `vocab` most frequent tokens, as the layer draft
+    does; 0: all), initialise a head from the target (or take `head`, re-choosing its vocabulary
+    with `revocab`), train it and save it in the EAGLE-3 layout to `out`. Returns build.json's
+    fields, each step's wall and CPU time included."""
+    from drift_cli.eagle.load import save_head
+    from drift_cli.eagle.train import agreement as head_agreement
+    from drift_cli.eagle.train import default_aux_layers, init_eagle3, rechoose_vocabulary as rechoose_head_vocabulary
+    from drift_cli.eagle.train import train_on_labels
+
+    layers = target.config.num_hidden_layers
+    aux = head.target_layers if head is not None else (tuple(recipe.aux_layers) or default_aux_layers(layers))
+    train_docs, check_docs = _split(docs)
+    clock = StepClock()
+    with clock("labels"):
+        labels = build_labels(target, tokenizer, train_docs, data, label_seed, progress, label, layers=aux)
+    with clock("check labels"):
+        check = build_labels(target, tokenizer, check_docs,
+                             LabelledData(0, 16 * data.seq_len, data.seq_len, data.prefix_len, 16, 1),
+                             label_seed + 1, progress, f"{label} check", layers=aux)
+    full = target.get_output_embeddings().weight.shape[0]
+    if head is None:
+        head = init_eagle3(target, frequent_tokens(labels, vocab, full) if vocab else None, aux, recipe.init_layer)
+    elif revocab and getattr(head.config, VOCAB_SUBSET_KEY, None):
+        rechoose_head_vocabulary(head, frequent_tokens(labels, len(head.config.draft_vocab_ids), full,
+                                                       head.config.draft_vocab_ids))
+    with clock("agreement before"):
+        before = head_agreement(head, check)
+    with clock("train"):
+        curve = train_on_labels(head, labels, recipe.epochs, recipe.batch, recipe.lr, recipe.warmup, recipe.ttt_steps,
+                                kind, recipe.seed, progress, f"{label} train")
+    with clock("agreement after"):
+        after = head_agreement(head, check)
+    save_head(head, out)
+    ids = getattr(head.config, VOCAB_SUBSET_KEY, None)
+    coverage = None
+    if ids:
+        inside = torch.zeros(full, dtype=torch.bool)
+        inside[torch.tensor(ids)] = True
+        coverage = round(float(inside[check.top_ids[..., 0][check.mask]].float().mean()), 4)
+    return {"kind": "eagle3", "parameters": sum(w.numel() for w in head.parameters()), "aux_layers": list(aux),
+            "vocab": len(ids) if ids else full, "label_tokens": int(labels.mask.sum()), "loss_curve": curve,
+            "feature_bytes": labels.features.nbytes, "agreement_before": round(before, 4),
+            "agreement_after": round(after, 4), "target_argmax_in_vocab": coverage,
+            "threads": torch.get_num_threads(), "steps": clock.steps}
+
+
+def _head_recipe(p: PretrainedPreset, target_sha: str, docs_hash: str) -> dict:
+    """The base head's recipe: what it is built from (the target, the layer draft's labels and
+    vocabulary size, the head's training), not the layer draft's own size."""
+    r = {"component": "eagle3-head", "code_version": cache.CODE_VERSION, "target": target_sha,
+         "vocab": p.draft.vocab, "labels": asdict(p.draft_train.data), "label_seed": p.draft_train.seed,
+         "head": asdict(p.head), "data": docs_hash}
+    return cache.seal(r, record_threads=False)
+
+
+def _head_paths(p: PretrainedPreset) -> tuple[Path, dict, Path, list]:
+    """(the target's GGUF file, the head's recipe, the head's root, the training documents)."""
+    from drift_cli.scenarios import documents
+
+    file = target_file(p)
+    docs = list(documents(DRAFT_DATA_SCENARIO, "train"))
+    recipe = _head_recipe(p, gguf.file_sha256(file), cache.documents_hash(docs))
+    return file, recipe, cache.cache_root() / f"{HEAD_ROOT}-{p.name}-{recipe['hash'][:12]}", docs
+
+
+def ensure_pretrained_head(p: PretrainedPreset, progress: Progress | None = None) -> Path:
+    """The preset's EAGLE-3 head (a directory in the vLLM / SpecForge layout), built once and
+    cached by its recipe hash."""
+    file, recipe, root, docs = _head_paths(p)
+    final = root / "head"
+    if cache.component_matches(final, recipe["hash"]):
+        return final
+    with cache.build_lock(f"{HEAD_ROOT}-{p.name}"), cpu_threads(build_threads()):
+        if not cache.component_matches(final, recipe["hash"]):
+            target_dir, _ = gguf.checkpoint(file, "target")
+            target, tok = _load(target_dir), AutoTokenizer.from_pretrained(str(target_dir))
+            _build(final, recipe, lambda out: train_head(
+                target, tok, docs, p.draft_train.data, p.head, p.draft.vocab, "fkl", out, progress, "eagle3 head",
+                label_seed=p.draft_train.seed))
+    return final
+
+
+def ensure_pretrained_offline_head(p: PretrainedPreset, scenario: str, divergence_kind: str = "fkl",
+                                   progress: Progress | None = None) -> Path:
+    """The base head trained further on `scenario`'s train split (the offline layer draft's label
+    budget, its vocabulary re-chosen from the domain as the layer draft's is); cached."""
+    from drift_cli.eagle.load import load_head
+    from drift_cli.scenarios import documents
+
+    base = ensure_pretrained_head(p, progress)
+    _, _, root, _ = _head_paths(p)
+    docs = list(documents(scenario, "train"))
+    recipe = {"component": "offline-eagle3-head", "code_version": cache.CODE_VERSION,
+              "base_head": cache.read_json(base / "recipe.json")["hash"], "scenario": scenario,
+              "divergence": divergence_kind, "labels": asdict(p.offline.data), "head": asdict(p.head_offline),
+              "vocab": p.offline_vocab, "data": cache.documents_hash(docs)}
+    cache.seal(recipe, record_threads=False)
+    final = root / "offline" / cache.offline_name(scenario, divergence_kind, False)
+    if cache.component_matches(final, recipe["hash"]):
+        return final
+    with cache.build_lock(f"{HEAD_ROOT}-{p.name}-offline"), cpu_threads(build_threads()):
+        if not cache.component_matches(final, recipe["hash"]):
+            target_dir, _ = gguf.checkpoint(target_file(p), "target")
+            target, tok = _load(target_dir), AutoTokenizer.from_pretrained(str(target_dir))
+            head = load_head(base, target, "eagle3")
+            _build(final, recipe, lambda out: train_head(
+                target, tok, docs, p.offline.data, p.head_offline, 0, divergence_kind, out, progress,
+                f"offline head {final.name}", head=head, label_seed=p.offline.seed, revocab=p.offline_vocab == "domain"))
     return final
