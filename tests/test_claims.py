@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -367,3 +368,52 @@ def test_draft_size_cells_plan_the_variant_zoo():
     assert build_plan(d4)["zoos"] == ["smollm-d4"]
     plain = [c for c in suite.cells if c.coord("experiment") == "indist"]
     assert "smollm-d4" not in build_plan(plain)["zoos"]
+
+
+def test_columns_may_combine_settings():
+    """columns = ["zoo", "drafter"]: a column per combination ("micro / eagle"), each read alone."""
+    cells, runs = [], {}
+    for i in (1, 2, 3):
+        for drafter, lift in (("layer", 0.2), ("eagle", -0.2)):
+            for exp in ("a", "base"):
+                key = f"{exp}{i}{drafter}"
+                cells.append(Cell(key, (("shuffle", str(i)), ("drafter", drafter), ("experiment", exp)),
+                                  {"zoo": "micro", "shuffle": i, "options": {}}))
+                runs[key] = _run(0.4, 0.4 + lift + i / 1000) if exp == "a" else _run(0.4, 0.0)
+    suite = Suite("hand", Path("hand.toml"), "", ("shuffle", "drafter", "experiment"), tuple(cells))
+    spec = replace(_spec("above", 0.0), columns=("zoo", "drafter"))
+    columns, [res] = C.assess(suite, spec, runs)
+    assert columns == ["micro / layer", "micro / eagle"]
+    assert res.verdicts == {"micro / layer": "confirmed", "micro / eagle": "refuted"}
+    assert C.columns_text(spec) == "`zoo` / `drafter` settings" and C.columns_text(_spec("above", 0)) == "`zoo` setting"
+    with pytest.raises(BadInput, match="columns"):
+        C.parse_claims({"claims": {"columns": [3]}, "claim": [{"id": 1, "title": "t", "seed": "s", "quote": "q",
+                                                              "pending": "p"}]}, Path("x.toml"))
+
+
+def test_the_head_runs_the_cells_of_claims_1_3_10_and_16_on_the_real_pair_only():
+    suite = load_suite(CLAIMS_SUITE)
+    spec = C.load_claims(suite)
+    heads = [c for c in suite.cells if c.coord("drafter") == "eagle"]
+    assert heads and {c.coord("zoo") for c in heads} == {"smollm"}
+    for cid in (1, 3, 10, 16):
+        assert any(c.coord("drafter") == "eagle" for c in C.claim_cells(suite, spec, cid))
+    needed = {c.key for cid in (1, 3, 10, 16) for c in C.claim_cells(suite, spec, cid)}
+    assert {c.key for c in heads} <= needed          # no head cell that those claims do not read
+
+
+def test_a_report_of_some_claims(tmp_path, capsys):
+    code, _, err = run_cli(["suite", "report", str(CLAIMS_SUITE), "--claim", "3", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "--claim picks claims of the claims report" in err
+    code, _, err = run_cli(["suite", "report", str(CLAIMS_SUITE), "--claims", "--claim", "99", "--out", str(tmp_path),
+                            "--claims-out", str(tmp_path / "c.md")], capsys)
+    assert code == 2 and "claim" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(["suite", "report", str(CLAIMS_SUITE), "--claims", "--claim", "3", "--claim", "17",
+                            "--only", "zoo=smollm", "--out", str(tmp_path), "--claims-out", str(tmp_path / "c.md")],
+                           capsys)
+    assert code in (0, None), err
+    text = (tmp_path / "c.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2:4].strip().isdigit()]
+    assert [r.split(" | ")[0] for r in rows] == ["| 3", "| 17"]
+    assert "--only zoo=smollm --claim 3 --claim 17 --claims" in text
+    assert "smollm / layer: figure" in text and "smollm / eagle: figure" in text and "small /" not in text

@@ -62,11 +62,11 @@ class RunCommand(click.Command):
 @click.option("--address", default=None, help="join this Ray cluster (default: start a local one for the run)")
 @click.option("--jobs", type=int, default=None,
               help="cells at once (local; default 1), or the local Ray instance's CPUs (default: all cores)")
-@click.option("--claim", "claim_id", type=int, default=None,
-              help="run only the cells this claim of the suite's [[claim]] tables reads")
+@click.option("--claim", "claim_ids", type=int, multiple=True,
+              help="run only the cells this claim of the suite's [[claim]] tables reads (repeatable)")
 @click.option("--only", "only", multiple=True, metavar="AXIS=LABEL[,LABEL...]",
               help="run only the cells at these points of an axis (repeatable; e.g. --only experiment=code,law)")
-def run(suite_file, out, overrides, quick, as_json, executor, address, jobs, claim_id, only) -> None:
+def run(suite_file, out, overrides, quick, as_json, executor, address, jobs, claim_ids, only) -> None:
     """Run every cell that is not done yet (a re-run resumes)."""
     from drift_cli.results import check_writable
     from drift_cli.suite.executors import run_suite
@@ -76,12 +76,14 @@ def run(suite_file, out, overrides, quick, as_json, executor, address, jobs, cla
     if address and executor != "ray":
         raise BadInput("--address joins a Ray cluster: give it with --executor ray")
     suite, root = _load(suite_file, overrides, out, quick)
-    if claim_id is not None:
+    if claim_ids:
         from dataclasses import replace
 
         from drift_cli.suite.claims import claim_cells, load_claims
 
-        suite = replace(suite, cells=tuple(claim_cells(suite, load_claims(suite), claim_id)))
+        spec = load_claims(suite)
+        keys = {c.key for cid in claim_ids for c in claim_cells(suite, spec, cid)}
+        suite = replace(suite, cells=tuple(c for c in suite.cells if c.key in keys))
     if only:
         from drift_cli.suite.spec import parse_only, select_cells
 
@@ -151,7 +153,9 @@ def status(suite_file, out, overrides, quick, as_json) -> None:
               help="where --claims writes (default: the suite's [claims] out, docs/claims.md); PNGs go beside it")
 @click.option("--only", "only", multiple=True, metavar="AXIS=LABEL[,LABEL...]",
               help="report only the cells at these points of an axis (repeatable; e.g. --only workload=code,law)")
-def report(suite_file, out, overrides, quick, as_json, claims, claims_out, only) -> None:
+@click.option("--claim", "claim_ids", type=int, multiple=True,
+              help="with --claims: report only this claim (repeatable)")
+def report(suite_file, out, overrides, quick, as_json, claims, claims_out, only, claim_ids) -> None:
     """One markdown report (report.md, acceptance.png, speedup.png) in the suite's directory;
     with --claims, the claims report (docs/claims.md and its PNGs)."""
     from drift_cli.suite.report import write_report
@@ -159,8 +163,8 @@ def report(suite_file, out, overrides, quick, as_json, claims, claims_out, only)
     suite, root = _load(suite_file, overrides, out, quick)
     if claims_out is not None and not claims:
         raise BadInput("--claims-out names where the claims report goes: give it with --claims")
-    if only and claims:
-        raise BadInput("--only selects the cells of the report; the claims report reads the cells its claims name")
+    if claim_ids and not claims:
+        raise BadInput("--claim picks claims of the claims report: give it with --claims")
     if only:
         from drift_cli.suite.spec import parse_only, select_cells
 
@@ -172,7 +176,8 @@ def report(suite_file, out, overrides, quick, as_json, claims, claims_out, only)
         spec = load_claims(suite)            # a suite without claims fails before anything is read
         target = claims_out or spec.out
         check_writable(Path(target).parent)
-        path = write_claims(suite, root, target, quick)
+        selection = "".join(f" --only {o}" for o in only) + "".join(f" --claim {c}" for c in claim_ids)
+        path = write_claims(suite, root, target, quick, claim_ids, selection)
     else:
         if not root.is_dir():
             raise BadInput(f"no results for suite {suite.name} under {out} (run `drift suite run {suite_file}` first)")

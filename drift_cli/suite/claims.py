@@ -4,7 +4,8 @@ with a 95% CI and a verdict by one rule (VERDICT_RULE), written as one markdown 
 The claims are data, in the suite file:
 
     [claims]                       # how the report reads the cells
-    columns = "zoo"                # one column of figures per value of this setting
+    columns = "zoo"                # one column of figures per value of this setting (or a list of
+                                   # settings: a column per combination, "smollm / eagle")
     repeat = ["shuffle", "seed"]   # the axes whose values are independent repeats (default: these)
     out = "docs/claims.md"
 
@@ -110,7 +111,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class ClaimsSpec:
-    columns: str
+    columns: str | tuple[str, ...]     # the setting (or settings) whose values are the report's columns
     repeat: tuple[str, ...]
     out: Path
     claims: tuple[Claim, ...]
@@ -229,7 +230,11 @@ def parse_claims(raw: dict, path: Path) -> ClaimsSpec:
                             _where(t["copying"], f"{where} copying") if "copying" in t else None,
                             str(t.get("pending", "")), str(t.get("note", "")), curve, bool(t.get("gain", False))))
     repeat = conf.get("repeat", list(DEFAULT_REPEAT))
-    return ClaimsSpec(str(conf.get("columns", "zoo")), tuple(repeat), Path(conf.get("out", DEFAULT_OUT)), tuple(claims))
+    columns = conf.get("columns", "zoo")
+    if not (isinstance(columns, str) or (isinstance(columns, list) and columns and all(isinstance(c, str) for c in columns))):
+        raise BadInput(f"{path}: [claims] columns must be a setting name or a list of them")
+    columns = columns if isinstance(columns, str) else tuple(columns)
+    return ClaimsSpec(columns, tuple(repeat), Path(conf.get("out", DEFAULT_OUT)), tuple(claims))
 
 
 def load_claims(suite: Suite) -> ClaimsSpec:
@@ -401,11 +406,22 @@ class ClaimResult:
     rivals: dict[str, bool | None]
 
 
+def column_label(spec: ClaimsSpec, labels: dict[str, str]) -> str:
+    """A cell's column: its value of the column setting, or its values of several joined by ' / '."""
+    names = (spec.columns,) if isinstance(spec.columns, str) else spec.columns
+    return " / ".join(labels.get(n, "") for n in names)
+
+
+def columns_text(spec: ClaimsSpec) -> str:
+    names = (spec.columns,) if isinstance(spec.columns, str) else spec.columns
+    return " / ".join(f"`{n}`" for n in names) + (" setting" if len(names) == 1 else " settings")
+
+
 def columns_of(suite: Suite, spec: ClaimsSpec, runs: dict[str, RunJson]) -> dict[str, Column]:
     cols: dict[str, Column] = {}
     for c in suite.cells:
         labels = cell_labels(suite, c)
-        cols.setdefault(labels.get(spec.columns, ""), []).append((c, labels, runs.get(c.key)))
+        cols.setdefault(column_label(spec, labels), []).append((c, labels, runs.get(c.key)))
     return cols
 
 
@@ -534,7 +550,7 @@ def _plot_curve(res: ClaimResult, columns: list[str], cols: dict[str, Column], p
 
 
 def render(suite: Suite, spec: ClaimsSpec, runs: dict[str, RunJson], states: dict[str, str], manifest: dict,
-           out: Path, quick: bool = False) -> str:
+           out: Path, quick: bool = False, selection: str = "") -> str:
     """The claims report's markdown; writes its PNGs into `<out's stem>/` beside it."""
     columns, results = assess(suite, spec, runs)
     cols = columns_of(suite, spec, runs)
@@ -546,9 +562,10 @@ def render(suite: Suite, spec: ClaimsSpec, runs: dict[str, RunJson], states: dic
     q = " --quick" if quick else ""
     lines = [f"# The seeds' claims, measured (suite `{suite.name}`)", "",
              "Regenerate everything below with", "", "```bash",
-             f"drift suite run {suite.path}{q} --jobs 2 && drift suite report {suite.path}{q} --claims", "```", "",
+             f"drift suite run {suite.path}{q}{selection} --jobs 2 && drift suite report {suite.path}{q}{selection} --claims",
+             "```", "",
              VERDICT_RULE, "",
-             f"Columns: the `{spec.columns}` setting ({', '.join(f'`{c}`' for c in columns)}). Repeats (the units of "
+             f"Columns: the {columns_text(spec)} ({', '.join(f'`{c}`' for c in columns)}). Repeats (the units of "
              f"every CI): {' / '.join(f'`{a}`' for a in spec.repeat)}. The suite has {len(suite.cells)} cells: "
              + ", ".join(f"{n} {s}" for s, n in counts.items())
              + f"; the finished cells took {cell_wall / 60:.1f} min of cell wall time in all (`suite.json`). "
@@ -594,15 +611,25 @@ def render(suite: Suite, spec: ClaimsSpec, runs: dict[str, RunJson], states: dic
     return "\n".join(lines) + "\n"
 
 
-def write_claims(suite: Suite, root: Path, out: Path | None = None, quick: bool = False) -> Path:
-    """The claims report (markdown + PNGs), written atomically; returns its path."""
+def write_claims(suite: Suite, root: Path, out: Path | None = None, quick: bool = False,
+                 claim_ids: tuple[int, ...] = (), selection: str = "") -> Path:
+    """The claims report (markdown + PNGs), written atomically; returns its path. claim_ids: only
+    these claims (BadInput on an id the suite does not declare); selection: the `--only` / `--claim`
+    arguments that chose the cells and claims, for the report's regenerate line."""
     import json
+    from dataclasses import replace
 
     spec = load_claims(suite)
+    if claim_ids:
+        known = {c.id for c in spec.claims}
+        for cid in claim_ids:
+            if cid not in known:
+                raise unknown("claim", str(cid), [str(i) for i in sorted(known)])
+        spec = replace(spec, claims=tuple(c for c in spec.claims if c.id in claim_ids))
     states = store.status(root, suite)
     runs = {k: r for k in states if states[k] == "done" and (r := store.load_cell(root, k)) is not None}
     manifest = json.loads((root / "suite.json").read_text()) if (root / "suite.json").is_file() else {}
     path = Path(out) if out is not None else spec.out
-    text = render(suite, spec, runs, states, manifest, path, quick)
+    text = render(suite, spec, runs, states, manifest, path, quick, selection)
     atomic_write_bytes(path, text.encode())
     return path
