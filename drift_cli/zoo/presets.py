@@ -219,9 +219,10 @@ PRETRAINED: dict[str, PretrainedPreset] = {
         # and head did (code) or more (jargon, where the last layer lost α), at a quarter of their
         # cost per update and with no re-prefill (docs/osd.md)
         method_defaults={"osd_train": "head"},
-        # ttt_steps 1 until the dev streams choose (docs/eagle.md, "Building a head")
-        head=HeadRecipe(epochs=2, batch=16, lr=1e-3, warmup=10, ttt_steps=1),
-        head_offline=HeadRecipe(epochs=2, batch=16, lr=5e-4, warmup=5, ttt_steps=1),
+        # ttt_steps 2, chosen on the dev streams: without the training-time test the head's
+        # second and third drafts are almost never accepted (docs/zoo.md, "An EAGLE-3 head")
+        head=HeadRecipe(epochs=2, batch=16, lr=1e-3, warmup=10, ttt_steps=2),
+        head_offline=HeadRecipe(epochs=2, batch=16, lr=5e-4, warmup=5, ttt_steps=2),
     ),
 }
 
