@@ -190,6 +190,24 @@ def test_shipped_claims_suite_declares_all_17_claims():
     assert len(quick.cells) <= 33
 
 
+def _suites_with_claims() -> list[Path]:
+    from drift_cli.scenarios.schema import read_toml
+
+    return [p for p in sorted((ROOT / "suites").glob("*.toml")) if "claim" in read_toml(p)]
+
+
+@pytest.mark.parametrize("path", _suites_with_claims(), ids=lambda p: p.stem)
+def test_every_operand_of_a_shipped_suites_claims_reads_some_cell(path):
+    """A mistyped axis label in a claim's `where` would leave its part "not measured" for ever."""
+    suite = load_suite(path)
+    spec = C.load_claims(suite)
+    labels = [C.cell_labels(suite, c) for c in suite.cells]
+    for claim in spec.claims:
+        wheres = [op.where for p in claim.parts for op in p.operands.values()] + ([claim.copying] if claim.copying else [])
+        for where in wheres:
+            assert any(C.matches(where, lab) for lab in labels), (path.name, claim.id, where)
+
+
 def test_claims_report_refuses_a_suite_without_claims(tmp_path, capsys):
     p = tmp_path / "plain.toml"
     p.write_text('version = 1\n[base]\nzoo = "micro"\n[grid]\nseed = [0, 1]\n')
