@@ -144,6 +144,7 @@ class BenchConfig(Settings):
         if not unread_ok:
             check_unread_options(self, policies)
         check_bank_out(self)
+        check_worker_threads(self)
         self.target_change()
         check_device(self.device)               # last: it may ask torch (the others need none)
 
@@ -259,6 +260,15 @@ def check_unread_options(cfg: BenchConfig, policies: Collection[str] | None = No
     message = unread_option(cfg, policies)
     if message:
         raise BadInput(message)
+
+
+def check_worker_threads(cfg: BenchConfig) -> None:
+    """--osd-threads: torch's thread count is process-wide, so osd's worker thread runs with the
+    run's (--threads); another value cannot be honoured and is refused (docs/osd.md)."""
+    worker = cfg.options.get("osd_threads")
+    if worker is not None and worker != (cfg.threads or 1):
+        raise BadInput(f"--osd-threads {worker}: torch's thread count is process-wide, so the osd worker thread "
+                       f"runs with the run's --threads ({cfg.threads or 1}); give them equal")
 
 
 def check_bank_out(cfg: BenchConfig) -> None:
