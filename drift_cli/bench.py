@@ -233,7 +233,8 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
             gc.freeze()
             try:
                 ecfg = replace(dcfg, gamma=entry.gamma[0], gamma_policy=entry.gamma[1]) if entry.gamma else dcfg
-                runs[entry.name] = run_stream(target, policy, stream, ecfg, on_prompt=tick, switch=switch)
+                runs[entry.name] = run_loaded(cfg, models, lambda: run_stream(target, policy, stream, ecfg,
+                                                                              on_prompt=tick, switch=switch))
             finally:
                 gc.unfreeze()   # collectable again (extensions that check for leaks at exit stay quiet)
             if not runs[entry.name].complete:
@@ -243,6 +244,19 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
         if not runs:
             raise
     return runs, skipped
+
+
+def run_loaded(cfg: BenchConfig, models: Models, run: Callable[[], StreamRun]) -> StreamRun:
+    """run(), beside a neutral background load when --background-load asks for one (its CPU
+    seconds into the run's report as `background_load`)."""
+    if not cfg.background_load:
+        return run()
+    from drift_cli.engine.load import BackgroundLoad
+
+    with BackgroundLoad(models.pair.draft) as load:
+        out = run()
+    out.report = {**out.report, "background_load": load.report()}
+    return out
 
 
 def announce_finished(name: str) -> None:

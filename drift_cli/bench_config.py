@@ -94,6 +94,10 @@ class BenchConfig(Settings):
     # torch CPU threads; None: 1 on the CPU (see docs/engine.md)
     threads: int | None = knob(None, "--threads", "torch CPU threads (default 1 on the CPU)",
                                ok=between(1, MAX_THREADS), kind=int, rule=f"must be in [1, {MAX_THREADS}]")
+    # a neutral load on a second thread while each method runs (drift_cli/engine/load.py)
+    background_load: bool = knob(False, "--background-load", "run every method with a second thread busy doing "
+                                 "matmuls of the draft's shape (a neutral load, the fair budget against "
+                                 "osd --osd-async; its CPU seconds go into the method's report)")
     # decoding
     gamma: int = knob(4, "--gamma", "draft block size", ok=at_least(1), rule="must be >= 1")
     batch_size: int = knob(1, "--batch-size", "rows decoded together (continuous batching over the stream)",
