@@ -235,3 +235,40 @@ def test_sampling_stays_lossless_with_background_updates():
         policies[0].close()
     assert policies[0].stats.swaps > 20
     assert p > SIGNIFICANCE
+
+
+# -- the fair budget and the command line ----------------------------------------------------------
+
+def test_background_load_works_beside_the_caller_and_stops():
+    from drift_cli.engine.load import THREAD_NAME as LOAD, BackgroundLoad
+
+    draft, _ = tiny_pair()
+    with BackgroundLoad(draft) as load:
+        for _ in range(WAIT_S * 100):                          # progress of the other thread, bounded
+            if load.matmuls >= 3:
+                break
+            threading.Event().wait(0.01)
+    rep = load.report()
+    assert rep["matmuls"] >= 3 and rep["seconds"] > 0
+    assert rep["shape"][1] == [32, 48]                          # [d, V]: the tiny draft's output head, transposed
+    assert not [t for t in threading.enumerate() if t.name == LOAD]
+
+
+def test_bench_records_the_worker_and_the_load(tmp_path, capsys):
+    import json
+
+    from tests.models import saved_pair
+    from tests.test_cli import bench_args, run_cli
+
+    pair = saved_pair(tmp_path / "pair")
+    code, out, err = run_cli(bench_args(pair, tmp_path / "runs", "--methods", "vanilla,osd", "--osd-async",
+                                        "--osd-interval", "1", "--background-load", "--no-control", "--json"), capsys)
+    assert code == 0, err
+    run = json.loads(out)
+    osd, vanilla = run["methods"]["osd"], run["methods"]["vanilla"]
+    assert osd["report"]["config"]["background"] is True and osd["ar_match_rate"] == 1.0
+    assert {"swaps", "worker_seconds", "staleness_mean", "staleness_histogram"} <= set(osd["report"])
+    assert vanilla["report"]["background_load"]["matmuls"] >= 0 and vanilla["decode_seconds"] > 0
+    assert not _workers()
+    code, out, err = run_cli(["report", str(tmp_path / "runs" / run["scenario"] / run["run_id"])], capsys)
+    assert code == 0 and "second thread" in out

@@ -21,6 +21,12 @@ same one, and `--osd-threads` is accepted only equal to it (`drift_cli.bench_con
 2-core CPU at the default of 1 that is one core for decoding and one for the worker. A distinct
 count would need a worker process.
 
+CUDA. The worker queues its kernels on a stream of its own, so that they overlap the decoder's
+instead of queueing behind them on the default stream. Each update first makes that stream wait
+for the decoder's work queued so far (the buffer entries it samples are written there), and the
+stream is synchronised before a version is published: the decoder's copy never reads a tensor
+still being written.
+
 Stopping. `stop` (end of stream, Ctrl-C or SIGTERM) sets a flag the worker reads between AdamW
 steps and while it is held; an update cut short is not published. The thread is joined: no
 worker outlives its stream.
@@ -28,7 +34,9 @@ worker outlives its stream.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -90,6 +98,7 @@ class BackgroundTrainer:
         self._served = 0
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._stream: torch.cuda.Stream | None = None
 
     # -- the decoder's side --------------------------------------------------------------------
 
@@ -132,10 +141,13 @@ class BackgroundTrainer:
 
     def _run(self) -> None:
         cpu0 = time.thread_time()
+        device = next(self.model.parameters()).device
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         try:
-            while self._next():
-                self._update()
-                self.stats.cpu_seconds = time.thread_time() - cpu0
+            with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+                while self._next():
+                    self._update()
+                    self.stats.cpu_seconds = time.thread_time() - cpu0
         finally:
             self.stats.cpu_seconds = time.thread_time() - cpu0
 
@@ -155,10 +167,13 @@ class BackgroundTrainer:
         return not self._stopping
 
     def _update(self) -> None:
+        announce_update(self.stats.updates + 1)
         self.stats.threads = torch.get_num_threads()
         buffer = self.buffer.snapshot()
         if not len(buffer):
             return
+        if self._stream is not None:                         # the entries' writes, queued by the decoder
+            self._stream.wait_stream(torch.cuda.default_stream(self._stream.device))
         t0 = time.perf_counter()
         loss, norm, grad_bytes = self.trainer.update(buffer, self._update_temperature, self.generator, self._go_on)
         if self._stopping:
@@ -166,6 +181,8 @@ class BackgroundTrainer:
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             tensors = {n: params[n].detach().clone() for n in self.names}   # the back buffer
+        if self._stream is not None:
+            self._stream.synchronize()                       # written in full before anyone may read it
         s = self.stats
         s.train_ms.append((time.perf_counter() - t0) * 1e3)
         s.loss.append(loss)
@@ -186,3 +203,12 @@ class BackgroundTrainer:
     def published_bytes(self) -> int:
         w = self.newest()
         return 0 if w is None else sum(t.nbytes for t in w.tensors.values())
+
+
+def announce_update(n: int) -> None:
+    """With $DRIFT_OSD_UPDATES_FILE set, append a line as the worker starts its n-th update: an
+    event a test (or a scheduler) can wait for instead of guessing from wall time."""
+    path = os.environ.get("DRIFT_OSD_UPDATES_FILE")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(f"update {n}\n")
