@@ -272,3 +272,28 @@ def test_bench_records_the_worker_and_the_load(tmp_path, capsys):
     assert not _workers()
     code, out, err = run_cli(["report", str(tmp_path / "runs" / run["scenario"] / run["run_id"])], capsys)
     assert code == 0 and "second thread" in out
+
+
+def test_a_failing_worker_fails_the_run_in_the_decoder():
+    """An exception inside an update reaches the decoder at its next boundary (not a draft that
+    silently stops learning)."""
+    draft, target = tiny_pair()
+    policy = OnlineDistillation(draft, ASYNC)
+    policy.begin_stream()
+    failed = threading.Event()
+
+    def boom(step):
+        failed.set()
+        raise ValueError("injected")
+    policy.worker.on_step = boom
+    observe = policy.observe
+
+    def observing(feedback):
+        observe(feedback)
+        assert failed.wait(WAIT_S)                             # the worker has failed before the next proposal
+    policy.observe = observing
+    with pytest.raises(RuntimeError, match="osd worker failed: ValueError"):
+        _run_keeping_worker(CausalLM(target, "target"), policy, _stream([3, 6], max_new=24),
+                            DecodeConfig(gamma=3, max_new_tokens=24))
+    policy.close()
+    assert not _workers()

@@ -99,11 +99,13 @@ class BackgroundTrainer:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._stream: torch.cuda.Stream | None = None
+        self._error: Exception | None = None
 
     # -- the decoder's side --------------------------------------------------------------------
 
     def request(self, temperature: float) -> None:
         """Ask for an update (never blocks on one); starts the thread on the first request."""
+        self._raise()
         if self._thread is None:
             self.start()
         with self._cond:
@@ -113,6 +115,7 @@ class BackgroundTrainer:
 
     def newest(self) -> Weights | None:
         """The newest published version (None before the first)."""
+        self._raise()
         with self._cond:
             return self._published
 
@@ -128,6 +131,12 @@ class BackgroundTrainer:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def _raise(self) -> None:
+        """A worker that failed fails the run (in the decoder's thread), rather than leaving a
+        draft that silently stops learning."""
+        if self._error is not None:
+            raise RuntimeError(f"the osd worker failed: {self._error!r}") from self._error
 
     @property
     def alive(self) -> bool:
@@ -148,6 +157,8 @@ class BackgroundTrainer:
                 while self._next():
                     self._update()
                     self.stats.cpu_seconds = time.thread_time() - cpu0
+        except Exception as e:                               # handed to the decoder at its next call
+            self._error = e
         finally:
             self.stats.cpu_seconds = time.thread_time() - cpu0
 
