@@ -7,8 +7,8 @@ Shipped as `drift_kernels`, never as bare `kernels` (a Hugging Face package of t
 imported by transformers when present).
 """
 
-from drift_kernels.ops import BACKENDS, bias_add, retrieve, update, use_triton
+from drift_kernels.ops import BACKENDS, bias_add, draft_step, retrieve, update, use_triton, warm_up
 from drift_kernels.reference import Neighbours, support_residual, unit_rows
 
-__all__ = ["BACKENDS", "Neighbours", "bias_add", "retrieve", "support_residual", "unit_rows",
-           "update", "use_triton"]
+__all__ = ["BACKENDS", "Neighbours", "bias_add", "draft_step", "retrieve", "support_residual", "unit_rows",
+           "update", "use_triton", "warm_up"]
