@@ -7,7 +7,8 @@ compile runs in one fresh process without TRITON_INTERPRET and with its own TRIT
 That process drives the real launchers at the engine's shapes (hidden sizes 576, 2048 and 4096;
 the bank's m and k) with their launches recorded instead of run, then compiles each distinct
 recorded launch (kernel, argument types, constexprs, options) with
-`triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))` down to a cubin.
+`triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))` down to a cubin (in up to
+four forked workers: the compiles are independent).
 Discovery: every `JITFunction` in the drift_kernels modules must either be launched by the drive
 or be a helper called from another jitted function, so a new kernel cannot be left out.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import multiprocessing
 import os
 import pkgutil
 import re
@@ -118,10 +120,6 @@ def compile_spec(fn, args, kwargs):
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
     sys.path.insert(0, str(ROOT))
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     functions = jit_functions()
     launched = drive()
     specs = {}
@@ -135,22 +133,38 @@ def main() -> int:
         is_launched = any(k[0] == name for k in specs)
         called = any(re.search(rf"\b{name}\s*\(", src) for other, src in sources.items() if other != name)
         print(json.dumps({"kernel": name, "launched": is_launched, "helper": called}), flush=True)
-    failures = 0
-    for (name, _), (fn, signature, constexprs, options, label) in sorted(specs.items(), key=lambda kv: kv[0]):
-        for arch in ARCHS:
-            t0 = time.perf_counter()
-            row = {"compile": name, "arch": f"sm_{arch}", "shape": label,
-                   "constexprs": {k: repr(v) for k, v in constexprs.items()}}
-            try:
-                compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                                          target=GPUTarget("cuda", arch, 32), options=options)
-                row.update(ok=True, cubin_bytes=len(compiled.asm["cubin"]))
-            except Exception as exc:  # noqa: BLE001 - reported, the test fails on it
-                failures += 1
-                row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[-600:]}")
-            row["seconds"] = round(time.perf_counter() - t0, 2)
-            print(json.dumps(row), flush=True)
-    return 1 if failures else 0
+    JOBS.extend((fn, signature, constexprs, options, label, arch)
+                for _, (fn, signature, constexprs, options, label) in sorted(specs.items(), key=lambda kv: kv[0])
+                for arch in ARCHS)
+    workers = max(1, min(4, os.cpu_count() or 1))
+    with multiprocessing.get_context("fork").Pool(workers) as pool:       # compiles are independent
+        rows = pool.map(compile_job, range(len(JOBS)))
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    return 1 if any(not row["ok"] for row in rows) else 0
+
+
+JOBS: list = []       # (fn, signature, constexprs, options, label, arch), filled before the workers fork
+
+
+def compile_job(i: int) -> dict:
+    """Compile JOBS[i] to a cubin -> one result row."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn, signature, constexprs, options, label, arch = JOBS[i]
+    t0 = time.perf_counter()
+    row = {"compile": fn.fn.__name__, "arch": f"sm_{arch}", "shape": label,
+           "constexprs": {k: repr(v) for k, v in constexprs.items()}}
+    try:
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", arch, 32), options=options)
+        row.update(ok=True, cubin_bytes=len(compiled.asm["cubin"]))
+    except Exception as exc:  # noqa: BLE001 - reported, the test fails on it
+        row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[-600:]}")
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    return row
 
 
 # --- the test ---------------------------------------------------------------------------------
