@@ -2,8 +2,8 @@
 
 1. `_tile_topk_kernel`, grid (tiles + copy blocks, Q): program (t, q) with t < tiles reads one
    [BLOCK_N, d] tile of the keys (the keys are the bytes that matter: 16 MiB at N=4096,
-   d=2048 fp16) and computes ĥ_q·K for its rows as a GEMV (elementwise products summed over d, no
-   padding of the query to a matrix tile), then keeps the tile's k best. Only [Q, tiles·k]
+   d=2048 fp16) and computes (h_q·K)/|h_q| for its rows as a GEMV (elementwise products summed
+   over d, |h| alongside, no padding of the query to a matrix tile), then keeps the tile's k best. Only [Q, tiles·k]
    candidates leave the kernel, never the [Q, N] similarity matrix. The programs t >= tiles copy
    one [BLOCK_V] block of the logits z into the output (the fused draft step's bias add,
    `drift_kernels.step`, writes only the support positions afterwards); plain retrieval has none.
@@ -31,7 +31,7 @@ import triton.language as tl
 from drift_kernels.reference import NORM_EPS, Neighbours
 
 # Tile shape, measured on an H200 (docs/drift.md, "Kernels"): 16 rows x 256 entries, 4 warps; 8 to
-# 32 rows and 512 entries are within 5%, 64 rows is slower.
+# 32 rows and 512 entries are within 10%, 64 rows is slower.
 BLOCK_N = 16          # key rows per program: N=4096 gives 256 programs, about two per SM
 MAX_BLOCK_D = 256     # hidden entries per step of the (unrolled) loop over d
 COPY_BLOCK_V = 4096   # logits copied per copy program

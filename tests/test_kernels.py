@@ -2,7 +2,7 @@
 
 Shapes are odd on purpose (N not a multiple of the tile, d not a power of two, k above the
 number of valid slots, empty banks). One tolerance table per key dtype; the fp32 bias add is
-compared bit for bit.
+compared bit for bit, and so is the fused draft step's bias add of its own neighbours.
 """
 
 import os
