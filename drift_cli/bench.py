@@ -336,6 +336,7 @@ def envelope(cfg: BenchConfig, label: str, models: Models, stream: Stream, runs:
         "complete": all(r.complete for r in runs.values()),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()} | {
             "max_new_tokens": stream.max_new_tokens, "prompts": len(stream.prompts), "zoo": models.zoo_preset,
+            "dtype_resolved": cfg.dtype_name,
             "preset_method_defaults": {k: v for k, v in models.options(cfg).items()
                                        if cfg.options.get(k) is None and v is not None},
             **config},
