@@ -195,6 +195,7 @@ def test_suite_keys_do_not_move_with_the_auto_dtype_default():
     assert cell_key({"dtype": "bfloat16", "gamma": 4}) != cell_key({"dtype": "float32", "gamma": 4})
 
 
+@pytest.mark.slow
 def test_bench_on_the_graph_path_reports_warm_up_and_matches_eager(monkeypatch, tmp_path, capsys):
     import json
 
