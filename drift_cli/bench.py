@@ -19,6 +19,7 @@ import torch
 from drift_cli import interrupt, metrics
 from drift_cli.bench_config import CONTROL_SCENARIO, BenchConfig, check_preset  # noqa: F401 (re-exported)
 from drift_cli.engine.gamma import GammaConfig, profile_costs
+from drift_cli.engine.graphs import make_lm
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, StreamRun, run_stream
 from drift_cli.errors import BadInput
@@ -39,6 +40,7 @@ class Models:
     zoo_preset: str | None
     switched: torch.nn.Module | None = None       # the changed target of a target-change stream
     switched_info: ModelInfo | None = None
+    warmup_ms: float = 0.0                        # the run's warm-up before the first method (`warm_up`)
 
     def options(self, cfg: BenchConfig) -> dict[str, Any]:
         """The method options: the preset's tuned defaults (data), then what the user gave."""
@@ -119,7 +121,7 @@ def set_threads(cfg: BenchConfig) -> None:
 def load_models(cfg: BenchConfig, progress: Progress | None = None) -> Models:
     set_threads(cfg)
     if cfg.draft is not None:
-        models = Models(load_pair(cfg.draft, cfg.target, cfg.device_name, cfg.dtype, cfg.draft_kind), None)
+        models = Models(load_pair(cfg.draft, cfg.target, cfg.device_name, cfg.dtype_name, cfg.draft_kind), None)
         target_path = cfg.target
     else:
         from drift_cli.zoo import ensure_zoo
@@ -132,14 +134,14 @@ def load_models(cfg: BenchConfig, progress: Progress | None = None) -> Models:
             from drift_cli.zoo.pretrained import ensure_pretrained_head
 
             draft, kind = ensure_pretrained_head(pretrained_preset(zoo), progress), "eagle3"
-        models, target_path = Models(load_pair(draft, zp.target, cfg.device_name, cfg.dtype, kind), zoo), zp.target
+        models, target_path = Models(load_pair(draft, zp.target, cfg.device_name, cfg.dtype_name, kind), zoo), zp.target
     change = cfg.target_change()
     if change is not None:
         from drift_cli.zoo.target_change import ensure_changed_target
 
         path, print_ = resolve_checkpoint(ensure_changed_target(target_path, change, progress), "changed target")
         check_same_tokenizer(load_tokenizer(path, "changed target"), models.pair.tokenizer)
-        models.switched = load_model(path, parse_device(cfg.device_name), parse_dtype(cfg.dtype))
+        models.switched = load_model(path, parse_device(cfg.device_name), parse_dtype(cfg.dtype_name))
         models.switched_info = ModelInfo(str(path), print_, sum(p.numel() for p in models.switched.parameters()))
     return models
 
@@ -169,16 +171,35 @@ def decode_config(cfg: BenchConfig, stream: Stream, eos_id: int | None) -> Decod
                         gamma_policy=cfg.configs()[GammaConfig])
 
 
-def warm_up(target: CausalLM, models: Models, stream: Stream, dcfg: DecodeConfig) -> None:
-    """One short untimed pass through both models so that allocator warm-up stays out of the stats
-    (at the run's batch size: a batch's per-row caches warm up too)."""
+def warm_up(target: CausalLM, models: Models, stream: Stream, dcfg: DecodeConfig, gamma_max: int | None = None) -> float:
+    """Everything that must not land in a timed region, before the first method; returns its ms.
+
+    On the engine's static path (CUDA: `drift_cli.engine.graphs`) both caches are sized for the
+    stream (longest prompt + --max-new-tokens + γ + 1) and the graphs captured: the target's
+    verification widths 1..γ+1 and the draft's step (1, 2) at the run's batch size and at batch 1
+    (the cost profile's). Then one short untimed pass through both models, so that allocator,
+    library and kernel warm-up stays out of the stats (at the run's batch size: a batch's per-row
+    caches warm up too)."""
+    import time
+
+    from drift_cli.engine import graphs
     from drift_cli.engine.loop import Decoder
     from drift_cli.engine.sampling import Sampler
     from drift_cli.methods.vanilla import Vanilla
 
+    t0 = time.perf_counter()
+    gamma = max(dcfg.gamma, gamma_max or 0)
+    usable = max(len(p.ids) for p in stream.prompts) + dcfg.max_new_tokens + gamma + 1
+    policy = Vanilla(models.pair.draft)
+    for slots in sorted({1, dcfg.batch_size}):
+        graphs.prepare_lm(target, slots, range(1, gamma + 2), usable)
+        for lm in graphs.draft_lms(policy):
+            graphs.prepare_lm(lm, slots, (1, 2), usable)
     short = DecodeConfig(dcfg.gamma, min(8, dcfg.max_new_tokens), 0.0, None, dcfg.eos_id, dcfg.seed, dcfg.batch_size)
     prompts = [(i, p.ids, None) for i, p in enumerate(stream.prompts[:dcfg.batch_size])]
-    Decoder(target, Vanilla(models.pair.draft), short, Sampler()).run(prompts, [])
+    Decoder(target, policy, short, Sampler()).run(prompts, [])
+    graphs.sync(target.device)
+    return (time.perf_counter() - t0) * 1e3
 
 
 @dataclass(frozen=True)
@@ -205,15 +226,15 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
     the interrupted one, marked incomplete) come back, fewer than `entries`. With nothing
     finished at all the interrupt propagates: there is nothing to write."""
     check_context(models, stream, cfg)
-    target = CausalLM(models.pair.target, "target")
+    target = make_lm(models.pair.target, "target")
     dcfg = decode_config(cfg, stream, models.pair.eos_id)
     ctx = models.context(stream.scenario, cfg)
-    switch = (cfg.switch_after, CausalLM(models.switched, "target")) if models.switched is not None else None
+    switch = (cfg.switch_after, make_lm(models.switched, "target")) if models.switched is not None else None
     runs: dict[str, StreamRun] = {}
     skipped: dict[str, str] = {}
     try:
-        warm_up(target, models, stream, dcfg)
         gamma_max = max([dcfg.gamma] + [e.gamma[0] for e in entries if e.gamma])
+        models.warmup_ms = warm_up(target, models, stream, dcfg, gamma_max)
         dcfg = replace(dcfg, cost_profile=profile_costs(target, draft_lm(models.pair.draft),
                                                         stream.prompts[0].ids, gamma_max))
         for entry in entries:
@@ -274,7 +295,7 @@ def summarise(runs: dict[str, StreamRun], cfg: BenchConfig, target: torch.nn.Mod
         return metrics.method_metrics(run, gamma, ar, greedy=greedy, verify_ratio=ratio,
                                       switch_prompt=cfg.switch_after)
 
-    out = {name: {**one(run), "report": run.report} for name, run in runs.items()}
+    out = {name: {**one(run), "warmup_ms": run.warmup_ms, "report": run.report} for name, run in runs.items()}
     if greedy and ar is not None and target is not None:
         from drift_cli.engine.diverge import divergences
 
@@ -315,6 +336,7 @@ def envelope(cfg: BenchConfig, label: str, models: Models, stream: Stream, runs:
         "complete": all(r.complete for r in runs.values()),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()} | {
             "max_new_tokens": stream.max_new_tokens, "prompts": len(stream.prompts), "zoo": models.zoo_preset,
+            "dtype_resolved": cfg.dtype_name,
             "preset_method_defaults": {k: v for k, v in models.options(cfg).items()
                                        if cfg.options.get(k) is None and v is not None},
             **config},
@@ -325,6 +347,7 @@ def envelope(cfg: BenchConfig, label: str, models: Models, stream: Stream, runs:
         "stream": {"identity": stream.identity(), "prompts": len(stream.prompts), **stream.meta,
                    **(methods["ar"]["stream"] if "ar" in methods else {})},
         "cost_profile": next((r.cost_profile.to_json() for r in runs.values() if r.cost_profile), None),
+        "warmup_ms": models.warmup_ms,
         "methods": methods,
     }
 

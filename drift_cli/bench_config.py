@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Collection
 
 from drift_cli import knobs
-from drift_cli.devices import DEVICE, DTYPES, check_device
+from drift_cli.devices import DEVICE, DTYPES, check_device, resolve_dtype
 from drift_cli.eagle.layout import DRAFT_KINDS
 from drift_cli.errors import BadInput
 from drift_cli.knobs import Settings, at_least, between, finite, knob
@@ -90,7 +90,9 @@ class BenchConfig(Settings):
     target: str | None = knob(None, "--target", "target checkpoint (local Hugging Face dir or GGUF file)")
     device: str = knob("auto", "--device", "cpu, cuda, cuda:N, or auto", ok=lambda d: bool(DEVICE.match(d)),
                        rule="must be cpu, cuda, cuda:N or auto")
-    dtype: str = knob("float32", "--dtype", "weights' dtype", choices=tuple(DTYPES))
+    # auto: bfloat16 on CUDA, float32 on the CPU (`devices.resolve_dtype`)
+    dtype: str = knob("auto", "--dtype", "weights' dtype; auto = bfloat16 on CUDA, float32 on the CPU",
+                      choices=("auto", *DTYPES))
     # torch CPU threads; None: 1 on the CPU (see docs/engine.md)
     threads: int | None = knob(None, "--threads", "torch CPU threads (default 1 on the CPU)",
                                ok=between(1, MAX_THREADS), kind=int, rule=f"must be in [1, {MAX_THREADS}]")
@@ -187,6 +189,11 @@ class BenchConfig(Settings):
 
             return "cuda" if torch.cuda.is_available() else "cpu"
         return self.device
+
+    @property
+    def dtype_name(self) -> str:
+        """The weights' dtype the run loads: --dtype, with auto resolved by the device."""
+        return resolve_dtype(self.dtype, self.device_name)
 
 
 def check_drafter(cfg: BenchConfig) -> None:
