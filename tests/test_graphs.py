@@ -228,9 +228,9 @@ def test_a_policy_warm_up_hook_runs_before_its_stream_untimed(micro):
     class Warm(Vanilla):
         name = "warm"
 
-        def warm_up(self):
-            calls.append(len(getattr(self, "seen", [])))
+        def warm_up(self, rows, gamma):
+            calls.append((rows, gamma, len(getattr(self, "seen", []))))
 
     run = run_stream(CausalLM(target, "target"), Warm(draft), _stream(target.config.vocab_size, (4,), 4),
                      DecodeConfig(gamma=2, max_new_tokens=4))
-    assert calls == [0] and run.warmup_ms >= 0
+    assert calls == [(1, 2, 0)] and run.warmup_ms >= 0

@@ -419,7 +419,7 @@ def prepare_policy(target, policy, slots: int, gamma: int) -> float:
             prepare_lm(lm, slots, (1, 2), usable)
     hook = getattr(policy, "warm_up", None)            # a method's own first-call costs (a kernel's JIT compile)
     if callable(hook):
-        hook()
+        hook(slots, gamma)
     sync(getattr(target, "device", torch.device("cpu")))
     return (time.perf_counter() - t0) * 1e3
 
