@@ -114,11 +114,11 @@ def snapshot_scenarios(args) -> None:
 
     dest = Path(args.dest) / "scenarios" / "splits"
     for name in args.names:
-        build = scenarios.build(name)
-        src = cache_root() / "splits" / name
-        shutil.copytree(build.directory, dest / name / build.directory.name, dirs_exist_ok=True)
-        shutil.copy2(src / "latest.json", dest / name / "latest.json")
-        print(f"scenario {name}: {build.directory}")
+        for build in scenarios.build(name):          # a mixed scenario: each of its components
+            part = build.scenario.name
+            shutil.copytree(build.directory, dest / part / build.directory.name, dirs_exist_ok=True)
+            shutil.copy2(cache_root() / "splits" / part / "latest.json", dest / part / "latest.json")
+            print(f"scenario {part}: {build.directory}")
 
 
 # ---- random-init Llama pairs (the GPU machine) -------------------------------------------------
