@@ -202,9 +202,9 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
     """The one run loop (bench, ablate, analyze, suites): each entry on the stream, in order, under
     the same timing conditions. Returns (runs, skipped: name -> reason, failed: name -> failure).
 
-    A method that raises (while it is built or while it runs; a BadInput from building it is the
-    user's and propagates, or skips an optional entry) costs only itself: its failure is recorded,
-    with the traceback printed at once under `drift --debug`, and the later entries still run.
+    A method that raises while it is built or runs costs only itself: its failure is recorded, with
+    the traceback printed at once under `drift --debug`, and the later entries still run. A
+    BadInput is the user's and propagates (from building an optional entry: it skips the entry).
 
     A Ctrl-C or SIGTERM stops here, between entries as inside one: the runs that finished (and
     the interrupted one, marked incomplete) come back, fewer than `entries`. With nothing
@@ -243,6 +243,8 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
             try:
                 ecfg = replace(dcfg, gamma=entry.gamma[0], gamma_policy=entry.gamma[1]) if entry.gamma else dcfg
                 runs[entry.name] = run_stream(target, policy, stream, ecfg, on_prompt=tick, switch=switch)
+            except BadInput:        # the user's input (a --bank-in file read as the stream starts): exit 2
+                raise
             except Exception as e:  # noqa: BLE001 - as above (a KeyboardInterrupt is no Exception)
                 failed[entry.name] = method_failed(entry.name, e)
                 continue

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from drift_cli import interrupt
 from drift_cli.cli import main
 from drift_cli.methods.pld import PromptLookup
 
@@ -25,6 +26,7 @@ def run_cli(args, capsys):
 def pld_raises(monkeypatch):
     """pld raises on its first proposal, as a kernel that fails to compile would."""
     monkeypatch.setenv("DRIFT_DEBUG", "0")      # off; `--debug` sets it for the process, restored after
+    monkeypatch.setattr(interrupt, "_received", [])   # no signal from an earlier test in this process
 
     def propose(self, context, gamma, sampler):
         raise RuntimeError("injected: the kernel did not compile\nsecond line of the message")
