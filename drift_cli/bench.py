@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -22,7 +23,7 @@ from drift_cli.engine.gamma import GammaConfig, profile_costs
 from drift_cli.engine.graphs import make_lm
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, StreamRun, run_stream
-from drift_cli.errors import BadInput
+from drift_cli.errors import BadInput, MethodFailure, debugging
 from drift_cli.engine.policy import MethodContext
 from drift_cli.methods import METHODS, resolve_methods, settings_classes
 from drift_cli.methods.base import draft_lm
@@ -218,9 +219,13 @@ def method_entries(names: list[str], explicit: bool = True) -> list[Entry]:
 
 
 def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: BenchConfig,
-                progress: Progress | None = None) -> tuple[dict[str, StreamRun], dict[str, str]]:
+                progress: Progress | None = None) -> tuple[dict[str, StreamRun], dict[str, str], dict[str, MethodFailure]]:
     """The one run loop (bench, ablate, analyze, suites): each entry on the stream, in order, under
-    the same timing conditions. Returns (runs, skipped: name -> reason).
+    the same timing conditions. Returns (runs, skipped: name -> reason, failed: name -> failure).
+
+    A method that raises while it is built or runs costs only itself: its failure is recorded, with
+    the traceback printed at once under `drift --debug`, and the later entries still run. A
+    BadInput is the user's and propagates (from building an optional entry: it skips the entry).
 
     A Ctrl-C or SIGTERM stops here, between entries as inside one: the runs that finished (and
     the interrupted one, marked incomplete) come back, fewer than `entries`. With nothing
@@ -232,6 +237,7 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
     switch = (cfg.switch_after, make_lm(models.switched, "target")) if models.switched is not None else None
     runs: dict[str, StreamRun] = {}
     skipped: dict[str, str] = {}
+    failed: dict[str, MethodFailure] = {}
     try:
         gamma_max = max([dcfg.gamma] + [e.gamma[0] for e in entries if e.gamma])
         models.warmup_ms = warm_up(target, models, stream, dcfg, gamma_max)
@@ -245,6 +251,9 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
                     raise
                 skipped[entry.name] = str(e)
                 continue
+            except Exception as e:  # noqa: BLE001 - the method's own failure: recorded, the others go on
+                failed[entry.name] = method_failed(entry.name, e)
+                continue
             label = f"{stream.scenario}/{entry.name}"
             tick = (lambda done, total, label=label: progress(label, done, total)) if progress else None
             # the models, tokenizer and stream live for the whole run: moving them out of the
@@ -255,6 +264,11 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
             try:
                 ecfg = replace(dcfg, gamma=entry.gamma[0], gamma_policy=entry.gamma[1]) if entry.gamma else dcfg
                 runs[entry.name] = run_stream(target, policy, stream, ecfg, on_prompt=tick, switch=switch)
+            except BadInput:        # the user's input (a --bank-in file read as the stream starts): exit 2
+                raise
+            except Exception as e:  # noqa: BLE001 - as above (a KeyboardInterrupt is no Exception)
+                failed[entry.name] = method_failed(entry.name, e)
+                continue
             finally:
                 gc.unfreeze()   # collectable again (extensions that check for leaks at exit stay quiet)
             if not runs[entry.name].complete:
@@ -263,7 +277,15 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
     except KeyboardInterrupt:
         if not runs:
             raise
-    return runs, skipped
+    return runs, skipped, failed
+
+
+def method_failed(name: str, e: Exception) -> MethodFailure:
+    """Record a method's failure; under `drift --debug` print its traceback now (stderr)."""
+    failure = MethodFailure.of(name, e)
+    if debugging():
+        print(f"method {name} failed:\n{failure.traceback}", file=sys.stderr, end="", flush=True)
+    return failure
 
 
 def announce_finished(name: str) -> None:
@@ -278,14 +300,16 @@ def announce_finished(name: str) -> None:
 def run_methods(
     names: list[str], models: Models, stream: Stream, cfg: BenchConfig, progress: Progress | None = None,
     explicit: bool = True,
-) -> tuple[dict[str, StreamRun], dict[str, str]]:
+) -> tuple[dict[str, StreamRun], dict[str, str], dict[str, MethodFailure]]:
     """Registered methods by name through `run_entries`; explicit=False skips methods that cannot build."""
     return run_entries(method_entries(names, explicit), models, stream, cfg, progress)
 
 
-def summarise(runs: dict[str, StreamRun], cfg: BenchConfig, target: torch.nn.Module | None = None) -> dict[str, dict]:
+def summarise(runs: dict[str, StreamRun], cfg: BenchConfig, target: torch.nn.Module | None = None,
+              failed: dict[str, MethodFailure] | None = None) -> dict[str, dict]:
     """Every run's metrics; for greedy runs with a target given, `ar_divergence` too (see
-    `drift_cli.engine.diverge`: where an output left ar's, and the target's top-2 gap there)."""
+    `drift_cli.engine.diverge`: where an output left ar's, and the target's top-2 gap there).
+    A failed method's row is `{"error": {type, message}}` (`error_rows`)."""
     ar = runs.get("ar")
     greedy = cfg.temperature == 0.0
 
@@ -302,7 +326,12 @@ def summarise(runs: dict[str, StreamRun], cfg: BenchConfig, target: torch.nn.Mod
         for name, run in runs.items():
             if name != "ar" and out[name].get("ar_match_rate") not in (None, 1.0):
                 out[name]["ar_divergence"] = divergences(target, run.generations, ar.generations)
-    return out
+    return out | error_rows(failed or {})
+
+
+def error_rows(failed: dict[str, MethodFailure]) -> dict[str, dict]:
+    """run.json rows of the methods that raised: the error and nothing else."""
+    return {name: {"error": f.to_json()} for name, f in failed.items()}
 
 
 def comparisons(methods: dict[str, dict], control: dict[str, dict] | None) -> dict[str, Any]:
@@ -333,7 +362,7 @@ def envelope(cfg: BenchConfig, label: str, models: Models, stream: Stream, runs:
         "run_id": new_run_id(label),
         "scenario": stream.scenario,
         "split": cfg.split,
-        "complete": all(r.complete for r in runs.values()),
+        "complete": all(r.complete for r in runs.values()) and not any("error" in m for m in methods.values()),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()} | {
             "max_new_tokens": stream.max_new_tokens, "prompts": len(stream.prompts), "zoo": models.zoo_preset,
             "dtype_resolved": cfg.dtype_name,
@@ -345,7 +374,7 @@ def envelope(cfg: BenchConfig, label: str, models: Models, stream: Stream, runs:
                    **({"target_after_switch": models.switched_info.to_json()} if models.switched_info else {})},
         "seeds": {"decode": cfg.seed},
         "stream": {"identity": stream.identity(), "prompts": len(stream.prompts), **stream.meta,
-                   **(methods["ar"]["stream"] if "ar" in methods else {})},
+                   **methods.get("ar", {}).get("stream", {})},
         "cost_profile": next((r.cost_profile.to_json() for r in runs.values() if r.cost_profile), None),
         "warmup_ms": models.warmup_ms,
         "methods": methods,
@@ -369,25 +398,30 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
     check_preset(cfg)
     models = load_models(cfg, progress)
     stream = load_stream(cfg, models.pair.tokenizer, scenario)
-    runs, skipped = run_methods(names, models, stream, cfg, progress, explicit)
+    runs, skipped, failed = run_methods(names, models, stream, cfg, progress, explicit)
     # From here on the main stream's runs are kept whatever signal comes: the summaries and the
     # envelope hold it (the run is then marked incomplete); the control and the batch curve are
-    # runs of their own and stop as any run does.
+    # runs of their own and stop as any run does. `complete` here: no signal stopped anything; a
+    # method that failed costs only itself (the control and the batch curve still run), but the
+    # run is marked incomplete at the end.
     with interrupt.held() as late:
-        methods = summarise(runs, cfg, models.pair.target)
-    complete = not late and all(r.complete for r in runs.values()) and len(runs) + len(skipped) == len(names)
+        methods = summarise(runs, cfg, models.pair.target, failed)
+    complete = (not late and all(r.complete for r in runs.values())
+                and len(runs) + len(skipped) + len(failed) == len(names))
 
     control_runs: dict[str, StreamRun] = {}
     control = None
     if cfg.control and complete and cfg.corpus is None and stream.scenario != CONTROL_SCENARIO:
         try:
             cstream = load_stream(cfg, models.pair.tokenizer, resolve_scenario(cfg, CONTROL_SCENARIO))
-            control_runs, _ = run_methods(["ar", "vanilla"], models, cstream, cfg, progress)
+            control_runs, _, control_failed = run_methods(["ar", "vanilla"], models, cstream, cfg, progress)
         except KeyboardInterrupt:   # nothing of the control finished; the main stream did
-            control_runs = {}
+            control_runs, control_failed = {}, {}
         with interrupt.held() as late:
-            control = summarise(control_runs, cfg)
-        complete = not late and len(control_runs) == 2 and all(r.complete for r in control_runs.values())
+            control = summarise(control_runs, cfg, None, control_failed)
+        failed = failed | {f"control/{name}": f for name, f in control_failed.items()}
+        complete = not late and len(control_runs) + len(control_failed) == 2 and all(
+            r.complete for r in control_runs.values())
 
     curve_steps: list[dict] = []
     curve = None
@@ -400,7 +434,8 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
     with interrupt.held() as late:
         run = envelope(cfg, "+".join(n for n in names if n != "ar") or "ar", models, stream, runs, methods,
                        methods_run=list(runs), methods_skipped=skipped)
-        run["complete"] = complete and not late
+        run["complete"] = complete and not late and not failed and not any(
+            "error" in r for r in (curve or {}).get("rows", []))
         run["control"] = control or {}
         run["comparisons"] = comparisons(methods, control)
         if curve is not None:
@@ -417,7 +452,8 @@ CURVE_FIELDS = ("speedup", "speedup_ci95", "throughput_tokens_per_s", "throughpu
 def batch_curve(names: list[str], models: Models, stream: Stream, cfg: BenchConfig, first: dict[str, dict],
                 progress: Progress | None = None, explicit: bool = True) -> tuple[dict, list[dict], bool]:
     """--batch-sizes: every method (ar first) at each batch size on the same stream; the main run
-    is the first size. Returns (the run.json block, its step records, complete)."""
+    is the first size. Returns (the run.json block, its step records, complete: no signal stopped
+    it). A method that failed at a size has a row with its `error` there."""
     from dataclasses import replace
 
     rows, steps, complete = [], [], True
@@ -426,12 +462,12 @@ def batch_curve(names: list[str], models: Models, stream: Stream, cfg: BenchConf
             methods = first
         else:
             at = replace(cfg, batch_size=size)
-            runs, _ = run_methods(names, models, stream, at, progress, explicit)
-            methods = summarise(runs, at, models.pair.target)
+            runs, _, failed = run_methods(names, models, stream, at, progress, explicit)
+            methods = summarise(runs, at, models.pair.target, failed)
             steps += step_records(runs, f"batch{size}")
-            complete = complete and len(runs) == len(names) and all(r.complete for r in runs.values())
-        rows += [{"batch_size": size, "method": name, **{k: m.get(k) for k in CURVE_FIELDS}}
-                 for name, m in methods.items()]
+            complete = complete and len(runs) + len(failed) == len(names) and all(r.complete for r in runs.values())
+        rows += [{"batch_size": size, "method": name, **{k: m.get(k) for k in CURVE_FIELDS},
+                  **({"error": m["error"]} if "error" in m else {})} for name, m in methods.items()]
         if not complete:
             break
     return {"sizes": list(cfg.batch_sizes), "rows": rows}, steps, complete

@@ -1,11 +1,14 @@
 """The `drift` command line (Click + rich).
 
-Exit codes: 0 ok, 1 a check failed (regress), 2 bad input. Bad input is one line on stderr,
-never a traceback. With --json, stdout carries the JSON document and nothing else.
+Exit codes: 0 ok, 1 a check failed (regress) or a method raised, 2 bad input. Bad input is one
+line on stderr, never a traceback; so is a method that raised (its row in run.json records the
+error, the others' results are written). `drift --debug` prints that method's traceback too.
+With --json, stdout carries the JSON document and nothing else.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,12 +23,20 @@ from drift_cli.commands.options import bench_options
 from drift_cli.commands.regress import regress
 from drift_cli.commands.suite import suite
 from drift_cli.commands.zoo import zoo
-from drift_cli.console import ProgressCallback, emit, err_console, quiet_libraries, rich_progress, stdout_console
+from drift_cli.console import (ProgressCallback, emit, err_console, exit_unless_complete, quiet_libraries, rich_progress,
+                                stdout_console)
 from drift_cli.errors import BadInput, CheckFailed
+
+
+def _debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:                      # the environment: suite workers in other processes inherit it
+        os.environ["DRIFT_DEBUG"] = "1"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="drift-bench")
+@click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_debug,
+              help="A method that raises prints its traceback too (or set DRIFT_DEBUG=1).")
 def cli() -> None:
     """drift-bench: speculative decoding under distribution shift."""
 
@@ -68,8 +79,7 @@ def bench(as_json, **opts) -> None:
         emit(run, True)
     else:
         render_run(run, stdout_console(), str(path))
-    if not run["complete"]:
-        interrupt.exit_incomplete(path)
+    exit_unless_complete(run, path)
 
 
 @cli.command()

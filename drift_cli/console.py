@@ -62,6 +62,23 @@ def quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
 
 
+def exit_unless_complete(run: dict, path) -> None:
+    """After writing a run: one stderr line per method that raised, then exit 1; a run a signal
+    stopped exits 128 + the signal (`interrupt.exit_incomplete`); a complete run returns."""
+    from drift_cli import interrupt
+    from drift_cli.errors import failure_line
+    from drift_cli.results import method_errors
+
+    errors = method_errors(run)
+    for name, error in errors.items():
+        err_console.print(f"error: {failure_line(name, error)} (what finished was written to {path})",
+                          highlight=False, soft_wrap=True, markup=False)
+    if errors and not interrupt.signalled():
+        sys.exit(1)
+    if not run["complete"]:
+        interrupt.exit_incomplete(path)
+
+
 def stdout_console() -> Console:
     """Rich console for results; wide enough for the tables when stdout is not a terminal."""
     return Console() if sys.stdout.isatty() else Console(width=160)

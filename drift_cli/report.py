@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from drift_cli.errors import failure_line
+from drift_cli.results import method_errors
 
 
 def _f(x, fmt: str = "{:.3f}") -> str:
@@ -103,3 +107,5 @@ def render_run(run: dict, console: Console, path: str | None = None) -> None:
     skipped = run.get("config", {}).get("methods_skipped") or {}
     for name, why in skipped.items():
         console.print(f"[yellow]skipped {name}[/]: {why}")
+    for name, error in method_errors(run).items():
+        console.print(Text(failure_line(name, error), style="red"))

@@ -138,6 +138,14 @@ def _write_run(final: Path, run: RunJson, steps: Iterable[dict], plots: bool) ->
     return final
 
 
+def method_errors(run: RunJson) -> dict[str, dict]:
+    """The methods of a run that raised: name (`control/NAME` for the indist control's) -> their
+    row's `error` ({type, message}). Such a row holds nothing else; the run is marked incomplete."""
+    rows = [(name, m) for name, m in run.get("methods", {}).items()]
+    rows += [(f"control/{name}", m) for name, m in (run.get("control") or {}).items()]
+    return {name: m["error"] for name, m in rows if isinstance(m, dict) and m.get("error")}
+
+
 def load_run(run_dir: Path) -> RunJson:
     """The run.json of a run directory (or the run.json file itself); BadInput when it is not one."""
     path = Path(run_dir) / "run.json" if Path(run_dir).is_dir() else Path(run_dir)
