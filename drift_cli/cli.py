@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
         err_console.print("interrupted")
         sys.exit(interrupt.exit_code())
     except (BadInput, CheckFailed) as e:
-        err_console.print(f"error: {e}", highlight=False, soft_wrap=True, markup=False)
+        text = " ".join(str(e).splitlines())     # one line, whatever a message quoted
+        err_console.print(f"error: {text}", highlight=False, soft_wrap=True, markup=False)
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)

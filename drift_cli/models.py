@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
 from drift_cli.devices import DTYPES as DTYPE_NAMES, check_device
-from drift_cli.errors import BadInput
+from drift_cli.errors import BadInput, one_line
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 DTYPES = {name: getattr(torch, dtype) for name, dtype in DTYPE_NAMES.items()}
@@ -79,6 +80,14 @@ def fingerprint(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def refuse_non_finite(named: Iterable[tuple[str, torch.Tensor]], where: str) -> None:
+    """BadInput naming the first floating-point tensor holding NaN or ±inf: a model whose weights
+    are not numbers is refused when it loads, not found out by the run it would poison."""
+    for name, t in named:
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise BadInput(f"{where}: weight {name} holds non-finite values (NaN or inf)")
+
+
 def load_tokenizer(path: Path, role: str):
     from transformers import AutoTokenizer
 
@@ -122,7 +131,8 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> torch.nn
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     except Exception as e:  # noqa: BLE001
-        raise BadInput(f"cannot load the model at {path}: {str(e).splitlines()[0]}") from e
+        raise BadInput(f"cannot load the model at {path}: {one_line(e)}") from e
+    refuse_non_finite(model.state_dict().items(), f"model {path}")
     model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
