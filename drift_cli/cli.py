@@ -20,7 +20,8 @@ from drift_cli.commands.options import bench_options
 from drift_cli.commands.regress import regress
 from drift_cli.commands.suite import suite
 from drift_cli.commands.zoo import zoo
-from drift_cli.console import ProgressCallback, emit, err_console, quiet_libraries, rich_progress, stdout_console
+from drift_cli.console import (ProgressCallback, emit, err_console, quiet_libraries, rich_progress, stdout_console,
+                                write_stdout)
 from drift_cli.errors import BadInput, CheckFailed
 
 
@@ -97,7 +98,7 @@ def report(run_dirs, as_json, out, fmt) -> None:
     if fmt == "csv":
         from drift_cli.export import csv_text, run_rows
 
-        click.echo(csv_text([row for run in runs for row in run_rows(run)]), nl=False)
+        write_stdout(csv_text([row for run in runs for row in run_rows(run)]))
         return
     console = stdout_console()
     for d, run in zip(run_dirs, runs, strict=True):
@@ -130,6 +131,11 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(interrupt.exit_code())
+    try:
+        write_stdout("")              # what a command left buffered: a stdout that cannot take it is one line
+    except BadInput as e:
+        err_console.print(f"error: {e}", highlight=False, soft_wrap=True, markup=False)
+        sys.exit(e.exit_code)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
