@@ -188,6 +188,25 @@ def test_a_run_json_with_a_table_of_the_wrong_type_is_one_line(what, command, fi
 
 # ---------------------------------------------------------------- a stdout that cannot take it
 
+class FullStdout(io.StringIO):
+    """A stdout on a full disk: every write fails with ENOSPC."""
+
+    def write(self, text):
+        import errno
+
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("argv", [["report", "{run}", "--format", "csv"], ["report", "{run}", "--json"]])
+def test_a_stdout_that_cannot_take_the_rows_is_one_line(argv, finished, monkeypatch, capsys):
+    import sys
+
+    run_dir = a_run_json(finished).parent
+    monkeypatch.setattr(sys, "stdout", FullStdout())
+    code, out, err = run_cli([a.format(run=run_dir) for a in argv], capsys)
+    assert_one_line(code, err, "cannot write to stdout: No space left on device")
+
+
 @pytest.mark.subprocess
 @pytest.mark.parametrize("argv", [["report", "{run}", "--format", "csv"], ["report", "{run}", "--json"]])
 def test_a_full_stdout_is_one_line(argv, finished, tmp_path):
