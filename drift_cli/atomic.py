@@ -76,16 +76,25 @@ def refuse_inputs(path: Path, inputs: Iterable[tuple[str, Any]], flag: str = "ou
     directory (a checkpoint or corpus that the new file would change). Called before anything
     is written."""
     out = Path(path).expanduser()
-    resolved = out.resolve()
+    resolved = _resolve(out, flag)
     for what, given in inputs:
         if given is None:
             continue
         src = Path(given).expanduser()
-        if resolved == src.resolve() or (out.exists() and src.exists() and os.path.samefile(out, src)):
+        real = _resolve(src, what)
+        if resolved == real or (out.exists() and src.exists() and os.path.samefile(out, src)):
             raise BadInput(f"{flag} {path} is {what} this command reads; give another path (it would be replaced)")
-        if src.is_dir() and src.resolve() in resolved.parents:
+        if src.is_dir() and real in resolved.parents:
             raise BadInput(f"{flag} {path} is inside {what} {given}, which this command reads; give a path outside it")
     return out
+
+
+def _resolve(path: Path, what: str) -> Path:
+    """`path` with every link followed; a symlink loop is one BadInput line."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as e:
+        raise BadInput(f"{what} {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -332,3 +332,12 @@ def test_wrong_types_are_copied_not_shared():
     edited = copy.deepcopy(run)
     WRONG_TYPES["config a list"](edited)
     assert run["config"] == {}
+
+
+def test_an_output_check_over_a_symlink_loop_is_one_line(tmp_path, capsys):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop.name)
+    code, out, err = run_cli(["bench", "--zoo", "micro", "--methods", "drift", "--no-control", "--out",
+                              tmp_path / "runs", "--bank-out", loop / "bank.safetensors"], capsys)
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err

@@ -92,12 +92,12 @@ def weight_shapes(path: Path) -> dict[str, list[int]] | None:
     return {strip_prefix(n): shape for f in files for n, shape in safetensors_shapes(f).items()}
 
 
-def detect_kind(config: dict, names: dict[str, list[int]] | None) -> str | None:
+def detect_kind(config: dict, names: dict[str, list[int]] | None, where: str = "config.json") -> str | None:
     """"eagle", "eagle3" or None (not a head) from the architecture name, else the weight names
     (and shapes: EAGLE-1's fc takes 2d)."""
     archs = config.get("architectures") or []
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
-        raise BadInput(f"config.json: architectures must be a list of names, got {archs!r}")
+        raise BadInput(f"{where}: architectures must be a list of names, got {archs!r}")
     for arch in archs:
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch]
@@ -119,7 +119,7 @@ def resolve_kind(path: str | Path, requested: str) -> str:
         if requested != "auto":
             raise BadInput(f"--draft-kind {requested}: {p} is not a head checkpoint directory (no config.json)")
         return MODEL
-    found = detect_kind(read_config(p), weight_shapes(p))
+    found = detect_kind(read_config(p), weight_shapes(p), str(p / "config.json"))
     if requested == "auto":
         return found or MODEL
     if found is None:

@@ -229,7 +229,7 @@ def load_head(path: str | Path, target: torch.nn.Module, kind: str = "auto", dev
     raw = read_config(p)
     check_head_config(p, raw)
     weights = read_weights(p)
-    found = detect_kind(raw, {k: list(v.shape) for k, v in weights.items()})
+    found = detect_kind(raw, {k: list(v.shape) for k, v in weights.items()}, str(p / "config.json"))
     if found is None:
         raise BadInput(f"{p} is not an EAGLE head (no EAGLE architecture in config.json, no fc/midlayer weights)")
     if kind not in ("auto", found):
