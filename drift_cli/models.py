@@ -11,12 +11,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
 from drift_cli.devices import DTYPES as DTYPE_NAMES, check_device
 from drift_cli.errors import BadInput, one_line
+from drift_cli.weights import refuse_non_finite
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 DTYPES = {name: getattr(torch, dtype) for name, dtype in DTYPE_NAMES.items()}
@@ -78,14 +78,6 @@ def fingerprint(path: str | Path) -> str:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
-
-
-def refuse_non_finite(named: Iterable[tuple[str, torch.Tensor]], where: str) -> None:
-    """BadInput naming the first floating-point tensor holding NaN or ±inf: a model whose weights
-    are not numbers is refused when it loads, not found out by the run it would poison."""
-    for name, t in named:
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise BadInput(f"{where}: weight {name} holds non-finite values (NaN or inf)")
 
 
 def load_tokenizer(path: Path, role: str):

@@ -23,7 +23,7 @@ from drift_cli.eagle.layout import NAMES, aux_layers, check_head_config, detect_
 from drift_cli.eagle.modules import Eagle1Head, Eagle3Head, EagleHead, TargetParts
 from drift_cli.engine.head import VOCAB_SUBSET_KEY
 from drift_cli.errors import BadInput, one_line
-from drift_cli.models import refuse_non_finite
+from drift_cli.weights import refuse_non_finite
 
 ARCHITECTURE = {"eagle": "LlamaForCausalLMEagle", "eagle3": "LlamaForCausalLMEagle3"}
 
