@@ -130,17 +130,17 @@ def resolve_kind(path: str | Path, requested: str) -> str:
     return found
 
 
-def aux_layers(config: dict, target_layers: int) -> tuple[int, ...]:
+def aux_layers(config: dict, target_layers: int, where: str = "config.json") -> tuple[int, ...]:
     """The target hidden-state indices an EAGLE-3 head fuses (the config's, else (2, L // 2, L - 3))."""
     eagle = config.get("eagle_config", {})
     if not isinstance(eagle, dict):
-        raise BadInput(f"config.json: eagle_config must be a JSON object, got {eagle!r}")
+        raise BadInput(f"{where}: eagle_config must be a JSON object, got {eagle!r}")
     key = "eagle_aux_hidden_state_layer_ids"
     ids = eagle[key] if eagle.get(key) is not None else config.get(key)
     if ids is None:
         return (2, target_layers // 2, target_layers - 3)
     if not isinstance(ids, list) or not ids or not all(_is_int(i) for i in ids):
-        raise BadInput(f"{key} must be a non-empty list of integers, got {ids!r}")
+        raise BadInput(f"{where}: {key} must be a non-empty list of integers, got {ids!r}")
     return tuple(ids)
 
 

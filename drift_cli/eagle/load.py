@@ -153,7 +153,7 @@ def _load_state(head: EagleHead, path: Path, weights: dict) -> None:
 def _eagle3(path: Path, raw: dict, weights: dict, target: torch.nn.Module) -> Eagle3Head:
     layers, d_t, vocab = _target_shape(target)
     _check_vocab(path, raw, vocab)
-    aux = aux_layers(raw, layers)
+    aux = aux_layers(raw, layers, f"head {path}: config.json")
     for k in aux:
         if not 0 <= k < layers:
             raise BadInput(f"head {path}: aux layer id {k} is not a layer of the {layers}-layer target (0..{layers - 1})")
