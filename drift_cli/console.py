@@ -7,7 +7,6 @@ import os
 import sys
 import time
 
-import click
 from rich.console import Console
 from rich.table import Table
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn

@@ -1,6 +1,6 @@
 """Re-run every recorded case of hostile input and faults on the micro zoo and count them.
 
-    OMP_NUM_THREADS=1 python scripts/hostile_cases.py [--json REPORT.json] [--only SUBSTRING]
+    OMP_NUM_THREADS=1 python scripts/hostile_cases.py [--json REPORT.json] [--only SUBSTRING ...]
 
 Each case is a real `drift` process (micro zoo, --max-prompts 2 --max-new-tokens 16) in a temp
 directory; it records the exit code, the stderr lines, whether a traceback or a Rust panic was
@@ -547,7 +547,8 @@ def strict_json_ok(text: str) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None, help="also write the per-case results here")
-    ap.add_argument("--only", default=None, help="run only the cases whose name contains this")
+    ap.add_argument("--only", action="append", default=None,
+                    help="run only the cases whose name contains this (repeatable: any of them)")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hostile-"))
     make_shared(root)
@@ -559,7 +560,7 @@ def main() -> None:
     rows = []
     root_user = os.geteuid() == 0
     for case in CASES:
-        if args.only and args.only not in case.name:
+        if args.only and not any(o in case.name for o in args.only):
             continue
         if case.send and case.send[1] == 0.0:
             case.send = (case.send[0], duration * (0.88 if case.send[0] == signal.SIGINT else 0.6))

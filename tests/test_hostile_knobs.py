@@ -5,7 +5,6 @@ accepted and does what the docs say."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -123,4 +122,3 @@ def test_at_the_bound_a_hybrid_copies_only_full_drafts_that_reach_it(rule, thres
 def test_bounds_are_checked_without_a_model():
     with pytest.raises(BadInput, match="exceeds --gamma 4"):
         BenchConfig(zoo="micro", methods="hybrid", options={"hybrid_min_score": 1e308}).validate()
-    assert Path  # noqa: B018 (the module's import kept for the path helpers above)
