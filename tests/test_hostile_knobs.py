@@ -4,8 +4,6 @@ accepted and does what the docs say."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from drift_cli.bench_config import BenchConfig
