@@ -32,7 +32,7 @@ from drift_cli.models import (ModelInfo, Pair, check_same_tokenizer, checkpoint_
 from drift_cli.results import SCHEMA_VERSION, RunJson, environment, new_run_id
 from drift_cli.stream import Stream
 
-Progress = Callable[[str, float, float], None]
+Progress = Callable[..., None]      # (label, done, total[, tokens generated so far])
 
 
 @dataclass
@@ -255,7 +255,7 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
                 failed[entry.name] = method_failed(entry.name, e)
                 continue
             label = f"{stream.scenario}/{entry.name}"
-            tick = (lambda done, total, label=label: progress(label, done, total)) if progress else None
+            tick = (lambda done, total, tokens, label=label: progress(label, done, total, tokens)) if progress else None
             # the models, tokenizer and stream live for the whole run: moving them out of the
             # collector's generations keeps its periodic passes short (they land inside whatever
             # span is timing, a method's adjust or update included)
@@ -336,10 +336,14 @@ def error_rows(failed: dict[str, MethodFailure]) -> dict[str, dict]:
 
 def comparisons(methods: dict[str, dict], control: dict[str, dict] | None) -> dict[str, Any]:
     get = lambda m, k: methods.get(m, {}).get(k)  # noqa: E731
+
+    def gap(metric: str, ci: str) -> float | None:      # n/a unless offline - vanilla exceeds its own CI
+        noise = metrics.difference_half_width(get("offline", ci), get("vanilla", ci))
+        return metrics.gap_closed(get("drift", metric), get("vanilla", metric), get("offline", metric), noise)
+
     out = {
-        "gap_closed_alpha": metrics.gap_closed(get("drift", "acceptance_rate"), get("vanilla", "acceptance_rate"),
-                                               get("offline", "acceptance_rate")),
-        "gap_closed_speedup": metrics.gap_closed(get("drift", "speedup"), get("vanilla", "speedup"), get("offline", "speedup")),
+        "gap_closed_alpha": gap("acceptance_rate", "acceptance_ci95"),
+        "gap_closed_speedup": gap("speedup", "speedup_ci95"),
         "shift_penalty": None,
     }
     if control:

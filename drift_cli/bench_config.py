@@ -142,7 +142,10 @@ class BenchConfig(Settings):
         from drift_cli.methods import resolve_methods
 
         resolve_methods(self.methods)
-        self.configs()
+        given = {k for k, v in self.options.items() if v is not None}
+        for settings in self.configs().values():      # bounds a setting takes from --gamma
+            if hasattr(settings, "check_gamma"):
+                settings.check_gamma(self.gamma, given)
         if not unread_ok:
             check_unread_options(self, policies)
         check_bank_out(self)
@@ -229,14 +232,16 @@ def check_preset(cfg: BenchConfig) -> None:
             raise unknown("preset", cfg.zoo, preset_names())
 
 
-def unread_option(cfg: BenchConfig, policies: Collection[str] | None = None) -> str | None:
+def unread_option(cfg: BenchConfig, policies: Collection[str] | None = None, only: str | None = None) -> str | None:
     """The first method or controller flag given that nothing in the run reads, as the message
     naming it and who would read it; None when every given flag is read. Defaults (None) are
-    not given; a zoo preset's method defaults count as given values of the selector."""
+    not given; a zoo preset's method defaults count as given values of the selector. only: judge
+    this option alone (the others still select what runs: --hybrid-rule, --hybrid-model...)."""
     from drift_cli.methods import owners, resolve_methods, settings_classes, with_sources
     from drift_cli.zoo.presets import method_defaults
 
-    running = with_sources(set(resolve_methods(cfg.methods)), cfg.options)
+    named = set(resolve_methods(cfg.methods))
+    running = with_sources(named, cfg.options)
     preset = method_defaults(cfg.zoo_name() if cfg.draft is None else None)
     readers: dict[str, list[str]] = {}           # option name -> the methods that read it (a flag may be shared)
     given = []
@@ -246,18 +251,21 @@ def unread_option(cfg: BenchConfig, policies: Collection[str] | None = None) -> 
             if cfg.options.get(k.name) is not None and k.name not in {g[2].name for g in given}:
                 given.append((cls, f, k))
     for cls, f, k in given:
+        if only is not None and k.name != only:
+            continue
         users = readers[k.name]
-        if users and not running & set(users):
-            who = " and ".join(users) + (" methods, which" if len(users) > 1 else " method, which")
+        if users and not (named if getattr(cls, "method_only", False) else running) & set(users):
+            names = ", ".join(users[:-1]) + " and " + users[-1] if len(users) > 1 else users[0]
+            who = names + (" methods, which" if len(users) > 1 else " method, which")
             return f"{k.flag} is only used by the {who} --methods {cfg.methods} does not run"
         if k.needs is not None:
-            sel_field, wanted = k.needs
-            sel_f, sel = knobs.find(cls, sel_field)
+            sel_f, sel = knobs.find(cls, k.needs[0])
+            wanted = k.needed()
             value = cfg.options.get(sel.name)
             value = preset.get(sel.name, knobs.default_of(sel_f)) if value is None else value
-            selected = set(policies) if policies is not None else {value}
-            if wanted not in selected:
-                return (f"{k.flag} is only used by the {wanted} {sel.selects}, which "
+            selected = set(policies) if policies is not None and sel.flag == "--gamma-policy" else {value}
+            if not selected & set(wanted):
+                return (f"{k.flag} is only used by the {' or '.join(wanted)} {sel.selects}, which "
                         f"{sel.flag} {','.join(sorted(selected))} does not select")
     return None
 
@@ -269,10 +277,15 @@ def check_unread_options(cfg: BenchConfig, policies: Collection[str] | None = No
 
 
 def check_bank_out(cfg: BenchConfig) -> None:
-    """--bank-out must name a new or regular file, or a directory, in a writable place."""
-    from drift_cli.atomic import check_output_target
+    """--bank-out must name a new or regular file, or a directory, in a writable place, and none
+    of the run's inputs (--bank-in among them: a run never replaces what it read)."""
+    from drift_cli.atomic import check_output_target, refuse_inputs
 
     bank_out = cfg.options.get("bank_out")
+    if bank_out is not None:
+        refuse_inputs(bank_out, [("--bank-in", cfg.options.get("bank_in")), ("--corpus", cfg.corpus),
+                                 ("--draft", cfg.draft), ("--target", cfg.target),
+                                 ("--offline-draft", cfg.options.get("offline_draft"))], "--bank-out")
     if bank_out is not None and not Path(bank_out).is_dir():   # a directory holds one file per tenant
         check_output_target(Path(bank_out), "--bank-out")
         parent = Path(bank_out).parent

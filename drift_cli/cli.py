@@ -24,7 +24,7 @@ from drift_cli.commands.regress import regress
 from drift_cli.commands.suite import suite
 from drift_cli.commands.zoo import zoo
 from drift_cli.console import (ProgressCallback, emit, err_console, exit_unless_complete, quiet_libraries, rich_progress,
-                                stdout_console)
+                                stdout_console, write_stdout)
 from drift_cli.errors import BadInput, CheckFailed
 
 
@@ -107,7 +107,7 @@ def report(run_dirs, as_json, out, fmt) -> None:
     if fmt == "csv":
         from drift_cli.export import csv_text, run_rows
 
-        click.echo(csv_text([row for run in runs for row in run_rows(run)]), nl=False)
+        write_stdout(csv_text([row for run in runs for row in run_rows(run)]))
         return
     console = stdout_console()
     for d, run in zip(run_dirs, runs, strict=True):
@@ -132,13 +132,19 @@ def main(argv: list[str] | None = None) -> None:
         err_console.print("interrupted")
         sys.exit(interrupt.exit_code())
     except (BadInput, CheckFailed) as e:
-        err_console.print(f"error: {e}", highlight=False, soft_wrap=True, markup=False)
+        text = " ".join(str(e).splitlines())     # one line, whatever a message quoted
+        err_console.print(f"error: {text}", highlight=False, soft_wrap=True, markup=False)
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(interrupt.exit_code())
+    try:
+        write_stdout("")              # what a command left buffered: a stdout that cannot take it is one line
+    except BadInput as e:
+        err_console.print(f"error: {e}", highlight=False, soft_wrap=True, markup=False)
+        sys.exit(e.exit_code)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -22,6 +22,12 @@ def require(checks: list[tuple[bool, str]]) -> None:
             raise BadInput(message)
 
 
+def one_line(error: BaseException | str) -> str:
+    """The first non-empty line of an error's text (a library's message may run to many lines)."""
+    lines = [ln.strip() for ln in str(error).replace("\r", "\n").splitlines() if ln.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 class CheckFailed(Exception):
     """A check that ran and failed (the regression gate). Exit code 1."""
 

@@ -161,4 +161,24 @@ def load_run(run_dir: Path) -> RunJson:
         raise BadInput(f"{path} is not a run.json (expected an object with 'schema_version' and 'methods')")
     if run.get("schema_version") != SCHEMA_VERSION:
         raise BadInput(f"{path}: schema_version {run.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    problem = _shape_problem(run)
+    if problem:
+        raise BadInput(f"{path} is not a run.json ({problem})")
     return run
+
+
+def _shape_problem(run: dict) -> str | None:
+    """What is of the wrong JSON type among the tables every reader walks: each method's block, the
+    settings and the control stream's blocks (None when they are all objects)."""
+    for name, block in run["methods"].items():
+        if not isinstance(block, dict):
+            return f"methods.{name} is {type(block).__name__}, not an object"
+    if not isinstance(run.get("config", {}), dict):
+        return f"config is {type(run['config']).__name__}, not an object"
+    control = run.get("control")
+    if control is not None and not isinstance(control, dict):
+        return f"control is {type(control).__name__}, not an object"
+    for name, block in (control or {}).items():
+        if block is not None and not isinstance(block, dict):
+            return f"control.{name} is {type(block).__name__}, not an object"
+    return None

@@ -396,7 +396,10 @@ def run_stream(
     complete = True
     total = len(stream.prompts)
     t0 = time.perf_counter()
-    tick = (lambda done: on_prompt(done, total)) if on_prompt is not None else None
+    # on_prompt(prompts done, total, output tokens so far): the progress line's tokens/s
+    tick = (lambda done: on_prompt(done, total, sum(len(g.output_ids) for g in out))) if on_prompt is not None else None
+    if tick is not None:
+        tick(0)                                   # the stream's start: progress times it from here
     try:
         parts = [(target, list(enumerate(stream.prompts)))]
         if switch is not None:                      # the rows drain before the new target takes over

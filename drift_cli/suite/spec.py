@@ -224,7 +224,7 @@ def check_read(path: Path, cells: list[Cell]) -> None:
     for cell in cells:
         cfg = BenchConfig(**cell.settings)
         for key in list(given):
-            message = unread_option(BenchConfig(**{**cell.settings, "options": {key: cfg.options[key]}}))
+            message = unread_option(cfg, only=key)
             if message is None:
                 given.discard(key)
                 unread.pop(key, None)
