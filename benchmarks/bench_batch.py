@@ -58,7 +58,7 @@ def main() -> None:
     for b in sizes:
         from dataclasses import replace
 
-        runs, _ = bench.run_methods(names, models, stream, replace(cfg, batch_size=b))
+        runs, _, _ = bench.run_methods(names, models, stream, replace(cfg, batch_size=b))
         for name, run in runs.items():
             outside, fwd, iterations = outside_ms_per_iteration(run.steps)
             base.setdefault(name, outside)

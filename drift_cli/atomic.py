@@ -5,6 +5,8 @@
   `Infinity` ever reaches a file or stdout.
 - `check_output_target`: an output path may name a regular file or nothing. A device node, FIFO,
   socket or directory is refused (`BadInput`), so that a rename never replaces one.
+- `refuse_inputs`: an output path that is one of the command's inputs (the same file by any name,
+  or inside an input directory) is refused before anything is written.
 - `cache_dir`: `$DRIFT_CACHE_DIR/<part>` (default `~/.cache/drift-bench`), refused when the
   variable names something that is not a directory.
 - `atomic_write_bytes` / `atomic_write_json`: temp file beside the target, fsync, rename. The
@@ -20,7 +22,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from drift_cli.errors import BadInput
 
@@ -66,6 +68,33 @@ def check_output_target(path: Path, flag: str = "output") -> Path:
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
         raise BadInput(f"{flag} {path} is {kind}; give a new or regular file path (it would be replaced)")
     return path
+
+
+def refuse_inputs(path: Path, inputs: Iterable[tuple[str, Any]], flag: str = "output") -> Path:
+    """Refuse an output `path` that is one of the command's own inputs ((what, path) pairs; None
+    skipped): the same file by any name (a link, `..`, a hard link), or a path inside an input
+    directory (a checkpoint or corpus that the new file would change). Called before anything
+    is written."""
+    out = Path(path).expanduser()
+    resolved = _resolve(out, flag)
+    for what, given in inputs:
+        if given is None:
+            continue
+        src = Path(given).expanduser()
+        real = _resolve(src, what)
+        if resolved == real or (out.exists() and src.exists() and os.path.samefile(out, src)):
+            raise BadInput(f"{flag} {path} is {what} this command reads; give another path (it would be replaced)")
+        if src.is_dir() and real in resolved.parents:
+            raise BadInput(f"{flag} {path} is inside {what} {given}, which this command reads; give a path outside it")
+    return out
+
+
+def _resolve(path: Path, what: str) -> Path:
+    """`path` with every link followed; a symlink loop is one BadInput line."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as e:
+        raise BadInput(f"{what} {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -19,9 +20,10 @@ import torch
 from drift_cli import interrupt, metrics
 from drift_cli.bench_config import CONTROL_SCENARIO, BenchConfig, check_preset  # noqa: F401 (re-exported)
 from drift_cli.engine.gamma import GammaConfig, profile_costs
+from drift_cli.engine.graphs import make_lm
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, StreamRun, run_stream
-from drift_cli.errors import BadInput
+from drift_cli.errors import BadInput, MethodFailure, debugging
 from drift_cli.engine.policy import MethodContext
 from drift_cli.methods import METHODS, resolve_methods, settings_classes
 from drift_cli.methods.base import draft_lm
@@ -30,7 +32,7 @@ from drift_cli.models import (ModelInfo, Pair, check_same_tokenizer, checkpoint_
 from drift_cli.results import SCHEMA_VERSION, RunJson, environment, new_run_id
 from drift_cli.stream import Stream
 
-Progress = Callable[[str, float, float], None]
+Progress = Callable[..., None]      # (label, done, total[, tokens generated so far])
 
 
 @dataclass
@@ -39,6 +41,7 @@ class Models:
     zoo_preset: str | None
     switched: torch.nn.Module | None = None       # the changed target of a target-change stream
     switched_info: ModelInfo | None = None
+    warmup_ms: float = 0.0                        # the run's warm-up before the first method (`warm_up`)
 
     def options(self, cfg: BenchConfig) -> dict[str, Any]:
         """The method options: the preset's tuned defaults (data), then what the user gave."""
@@ -119,7 +122,7 @@ def set_threads(cfg: BenchConfig) -> None:
 def load_models(cfg: BenchConfig, progress: Progress | None = None) -> Models:
     set_threads(cfg)
     if cfg.draft is not None:
-        models = Models(load_pair(cfg.draft, cfg.target, cfg.device_name, cfg.dtype, cfg.draft_kind), None)
+        models = Models(load_pair(cfg.draft, cfg.target, cfg.device_name, cfg.dtype_name, cfg.draft_kind), None)
         target_path = cfg.target
     else:
         from drift_cli.zoo import ensure_zoo
@@ -132,14 +135,14 @@ def load_models(cfg: BenchConfig, progress: Progress | None = None) -> Models:
             from drift_cli.zoo.pretrained import ensure_pretrained_head
 
             draft, kind = ensure_pretrained_head(pretrained_preset(zoo), progress), "eagle3"
-        models, target_path = Models(load_pair(draft, zp.target, cfg.device_name, cfg.dtype, kind), zoo), zp.target
+        models, target_path = Models(load_pair(draft, zp.target, cfg.device_name, cfg.dtype_name, kind), zoo), zp.target
     change = cfg.target_change()
     if change is not None:
         from drift_cli.zoo.target_change import ensure_changed_target
 
         path, print_ = resolve_checkpoint(ensure_changed_target(target_path, change, progress), "changed target")
         check_same_tokenizer(load_tokenizer(path, "changed target"), models.pair.tokenizer)
-        models.switched = load_model(path, parse_device(cfg.device_name), parse_dtype(cfg.dtype))
+        models.switched = load_model(path, parse_device(cfg.device_name), parse_dtype(cfg.dtype_name))
         models.switched_info = ModelInfo(str(path), print_, sum(p.numel() for p in models.switched.parameters()))
     return models
 
@@ -169,16 +172,35 @@ def decode_config(cfg: BenchConfig, stream: Stream, eos_id: int | None) -> Decod
                         gamma_policy=cfg.configs()[GammaConfig])
 
 
-def warm_up(target: CausalLM, models: Models, stream: Stream, dcfg: DecodeConfig) -> None:
-    """One short untimed pass through both models so that allocator warm-up stays out of the stats
-    (at the run's batch size: a batch's per-row caches warm up too)."""
+def warm_up(target: CausalLM, models: Models, stream: Stream, dcfg: DecodeConfig, gamma_max: int | None = None) -> float:
+    """Everything that must not land in a timed region, before the first method; returns its ms.
+
+    On the engine's static path (CUDA: `drift_cli.engine.graphs`) both caches are sized for the
+    stream (longest prompt + --max-new-tokens + γ + 1) and the graphs captured: the target's
+    verification widths 1..γ+1 and the draft's step (1, 2) at the run's batch size and at batch 1
+    (the cost profile's). Then one short untimed pass through both models, so that allocator,
+    library and kernel warm-up stays out of the stats (at the run's batch size: a batch's per-row
+    caches warm up too)."""
+    import time
+
+    from drift_cli.engine import graphs
     from drift_cli.engine.loop import Decoder
     from drift_cli.engine.sampling import Sampler
     from drift_cli.methods.vanilla import Vanilla
 
+    t0 = time.perf_counter()
+    gamma = max(dcfg.gamma, gamma_max or 0)
+    usable = max(len(p.ids) for p in stream.prompts) + dcfg.max_new_tokens + gamma + 1
+    policy = Vanilla(models.pair.draft)
+    for slots in sorted({1, dcfg.batch_size}):
+        graphs.prepare_lm(target, slots, range(1, gamma + 2), usable)
+        for lm in graphs.draft_lms(policy):
+            graphs.prepare_lm(lm, slots, (1, 2), usable)
     short = DecodeConfig(dcfg.gamma, min(8, dcfg.max_new_tokens), 0.0, None, dcfg.eos_id, dcfg.seed, dcfg.batch_size)
     prompts = [(i, p.ids, None) for i, p in enumerate(stream.prompts[:dcfg.batch_size])]
-    Decoder(target, Vanilla(models.pair.draft), short, Sampler()).run(prompts, [])
+    Decoder(target, policy, short, Sampler()).run(prompts, [])
+    graphs.sync(target.device)
+    return (time.perf_counter() - t0) * 1e3
 
 
 @dataclass(frozen=True)
@@ -197,23 +219,28 @@ def method_entries(names: list[str], explicit: bool = True) -> list[Entry]:
 
 
 def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: BenchConfig,
-                progress: Progress | None = None) -> tuple[dict[str, StreamRun], dict[str, str]]:
+                progress: Progress | None = None) -> tuple[dict[str, StreamRun], dict[str, str], dict[str, MethodFailure]]:
     """The one run loop (bench, ablate, analyze, suites): each entry on the stream, in order, under
-    the same timing conditions. Returns (runs, skipped: name -> reason).
+    the same timing conditions. Returns (runs, skipped: name -> reason, failed: name -> failure).
+
+    A method that raises while it is built or runs costs only itself: its failure is recorded, with
+    the traceback printed at once under `drift --debug`, and the later entries still run. A
+    BadInput is the user's and propagates (from building an optional entry: it skips the entry).
 
     A Ctrl-C or SIGTERM stops here, between entries as inside one: the runs that finished (and
     the interrupted one, marked incomplete) come back, fewer than `entries`. With nothing
     finished at all the interrupt propagates: there is nothing to write."""
     check_context(models, stream, cfg)
-    target = CausalLM(models.pair.target, "target")
+    target = make_lm(models.pair.target, "target")
     dcfg = decode_config(cfg, stream, models.pair.eos_id)
     ctx = models.context(stream.scenario, cfg)
-    switch = (cfg.switch_after, CausalLM(models.switched, "target")) if models.switched is not None else None
+    switch = (cfg.switch_after, make_lm(models.switched, "target")) if models.switched is not None else None
     runs: dict[str, StreamRun] = {}
     skipped: dict[str, str] = {}
+    failed: dict[str, MethodFailure] = {}
     try:
-        warm_up(target, models, stream, dcfg)
         gamma_max = max([dcfg.gamma] + [e.gamma[0] for e in entries if e.gamma])
+        models.warmup_ms = warm_up(target, models, stream, dcfg, gamma_max)
         dcfg = replace(dcfg, cost_profile=profile_costs(target, draft_lm(models.pair.draft),
                                                         stream.prompts[0].ids, gamma_max))
         for entry in entries:
@@ -224,8 +251,11 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
                     raise
                 skipped[entry.name] = str(e)
                 continue
+            except Exception as e:  # noqa: BLE001 - the method's own failure: recorded, the others go on
+                failed[entry.name] = method_failed(entry.name, e)
+                continue
             label = f"{stream.scenario}/{entry.name}"
-            tick = (lambda done, total, label=label: progress(label, done, total)) if progress else None
+            tick = (lambda done, total, tokens, label=label: progress(label, done, total, tokens)) if progress else None
             # the models, tokenizer and stream live for the whole run: moving them out of the
             # collector's generations keeps its periodic passes short (they land inside whatever
             # span is timing, a method's adjust or update included)
@@ -235,6 +265,11 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
                 ecfg = replace(dcfg, gamma=entry.gamma[0], gamma_policy=entry.gamma[1]) if entry.gamma else dcfg
                 runs[entry.name] = run_loaded(cfg, models, lambda: run_stream(target, policy, stream, ecfg,
                                                                               on_prompt=tick, switch=switch))
+            except BadInput:        # the user's input (a --bank-in file read as the stream starts): exit 2
+                raise
+            except Exception as e:  # noqa: BLE001 - as above (a KeyboardInterrupt is no Exception)
+                failed[entry.name] = method_failed(entry.name, e)
+                continue
             finally:
                 gc.unfreeze()   # collectable again (extensions that check for leaks at exit stay quiet)
             if not runs[entry.name].complete:
@@ -243,7 +278,15 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
     except KeyboardInterrupt:
         if not runs:
             raise
-    return runs, skipped
+    return runs, skipped, failed
+
+
+def method_failed(name: str, e: Exception) -> MethodFailure:
+    """Record a method's failure; under `drift --debug` print its traceback now (stderr)."""
+    failure = MethodFailure.of(name, e)
+    if debugging():
+        print(f"method {name} failed:\n{failure.traceback}", file=sys.stderr, end="", flush=True)
+    return failure
 
 
 def run_loaded(cfg: BenchConfig, models: Models, run: Callable[[], StreamRun]) -> StreamRun:
@@ -271,14 +314,16 @@ def announce_finished(name: str) -> None:
 def run_methods(
     names: list[str], models: Models, stream: Stream, cfg: BenchConfig, progress: Progress | None = None,
     explicit: bool = True,
-) -> tuple[dict[str, StreamRun], dict[str, str]]:
+) -> tuple[dict[str, StreamRun], dict[str, str], dict[str, MethodFailure]]:
     """Registered methods by name through `run_entries`; explicit=False skips methods that cannot build."""
     return run_entries(method_entries(names, explicit), models, stream, cfg, progress)
 
 
-def summarise(runs: dict[str, StreamRun], cfg: BenchConfig, target: torch.nn.Module | None = None) -> dict[str, dict]:
+def summarise(runs: dict[str, StreamRun], cfg: BenchConfig, target: torch.nn.Module | None = None,
+              failed: dict[str, MethodFailure] | None = None) -> dict[str, dict]:
     """Every run's metrics; for greedy runs with a target given, `ar_divergence` too (see
-    `drift_cli.engine.diverge`: where an output left ar's, and the target's top-2 gap there)."""
+    `drift_cli.engine.diverge`: where an output left ar's, and the target's top-2 gap there).
+    A failed method's row is `{"error": {type, message}}` (`error_rows`)."""
     ar = runs.get("ar")
     greedy = cfg.temperature == 0.0
 
@@ -288,22 +333,31 @@ def summarise(runs: dict[str, StreamRun], cfg: BenchConfig, target: torch.nn.Mod
         return metrics.method_metrics(run, gamma, ar, greedy=greedy, verify_ratio=ratio,
                                       switch_prompt=cfg.switch_after)
 
-    out = {name: {**one(run), "report": run.report} for name, run in runs.items()}
+    out = {name: {**one(run), "warmup_ms": run.warmup_ms, "report": run.report} for name, run in runs.items()}
     if greedy and ar is not None and target is not None:
         from drift_cli.engine.diverge import divergences
 
         for name, run in runs.items():
             if name != "ar" and out[name].get("ar_match_rate") not in (None, 1.0):
                 out[name]["ar_divergence"] = divergences(target, run.generations, ar.generations)
-    return out
+    return out | error_rows(failed or {})
+
+
+def error_rows(failed: dict[str, MethodFailure]) -> dict[str, dict]:
+    """run.json rows of the methods that raised: the error and nothing else."""
+    return {name: {"error": f.to_json()} for name, f in failed.items()}
 
 
 def comparisons(methods: dict[str, dict], control: dict[str, dict] | None) -> dict[str, Any]:
     get = lambda m, k: methods.get(m, {}).get(k)  # noqa: E731
+
+    def gap(metric: str, ci: str) -> float | None:      # n/a unless offline - vanilla exceeds its own CI
+        noise = metrics.difference_half_width(get("offline", ci), get("vanilla", ci))
+        return metrics.gap_closed(get("drift", metric), get("vanilla", metric), get("offline", metric), noise)
+
     out = {
-        "gap_closed_alpha": metrics.gap_closed(get("drift", "acceptance_rate"), get("vanilla", "acceptance_rate"),
-                                               get("offline", "acceptance_rate")),
-        "gap_closed_speedup": metrics.gap_closed(get("drift", "speedup"), get("vanilla", "speedup"), get("offline", "speedup")),
+        "gap_closed_alpha": gap("acceptance_rate", "acceptance_ci95"),
+        "gap_closed_speedup": gap("speedup", "speedup_ci95"),
         "shift_penalty": None,
     }
     if control:
@@ -326,9 +380,10 @@ def envelope(cfg: BenchConfig, label: str, models: Models, stream: Stream, runs:
         "run_id": new_run_id(label),
         "scenario": stream.scenario,
         "split": cfg.split,
-        "complete": all(r.complete for r in runs.values()),
+        "complete": all(r.complete for r in runs.values()) and not any("error" in m for m in methods.values()),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()} | {
             "max_new_tokens": stream.max_new_tokens, "prompts": len(stream.prompts), "zoo": models.zoo_preset,
+            "dtype_resolved": cfg.dtype_name,
             "preset_method_defaults": {k: v for k, v in models.options(cfg).items()
                                        if cfg.options.get(k) is None and v is not None},
             **config},
@@ -337,8 +392,9 @@ def envelope(cfg: BenchConfig, label: str, models: Models, stream: Stream, runs:
                    **({"target_after_switch": models.switched_info.to_json()} if models.switched_info else {})},
         "seeds": {"decode": cfg.seed},
         "stream": {"identity": stream.identity(), "prompts": len(stream.prompts), **stream.meta,
-                   **(methods["ar"]["stream"] if "ar" in methods else {})},
+                   **methods.get("ar", {}).get("stream", {})},
         "cost_profile": next((r.cost_profile.to_json() for r in runs.values() if r.cost_profile), None),
+        "warmup_ms": models.warmup_ms,
         "methods": methods,
     }
 
@@ -360,25 +416,30 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
     check_preset(cfg)
     models = load_models(cfg, progress)
     stream = load_stream(cfg, models.pair.tokenizer, scenario)
-    runs, skipped = run_methods(names, models, stream, cfg, progress, explicit)
+    runs, skipped, failed = run_methods(names, models, stream, cfg, progress, explicit)
     # From here on the main stream's runs are kept whatever signal comes: the summaries and the
     # envelope hold it (the run is then marked incomplete); the control and the batch curve are
-    # runs of their own and stop as any run does.
+    # runs of their own and stop as any run does. `complete` here: no signal stopped anything; a
+    # method that failed costs only itself (the control and the batch curve still run), but the
+    # run is marked incomplete at the end.
     with interrupt.held() as late:
-        methods = summarise(runs, cfg, models.pair.target)
-    complete = not late and all(r.complete for r in runs.values()) and len(runs) + len(skipped) == len(names)
+        methods = summarise(runs, cfg, models.pair.target, failed)
+    complete = (not late and all(r.complete for r in runs.values())
+                and len(runs) + len(skipped) + len(failed) == len(names))
 
     control_runs: dict[str, StreamRun] = {}
     control = None
     if cfg.control and complete and cfg.corpus is None and stream.scenario != CONTROL_SCENARIO:
         try:
             cstream = load_stream(cfg, models.pair.tokenizer, resolve_scenario(cfg, CONTROL_SCENARIO))
-            control_runs, _ = run_methods(["ar", "vanilla"], models, cstream, cfg, progress)
+            control_runs, _, control_failed = run_methods(["ar", "vanilla"], models, cstream, cfg, progress)
         except KeyboardInterrupt:   # nothing of the control finished; the main stream did
-            control_runs = {}
+            control_runs, control_failed = {}, {}
         with interrupt.held() as late:
-            control = summarise(control_runs, cfg)
-        complete = not late and len(control_runs) == 2 and all(r.complete for r in control_runs.values())
+            control = summarise(control_runs, cfg, None, control_failed)
+        failed = failed | {f"control/{name}": f for name, f in control_failed.items()}
+        complete = not late and len(control_runs) + len(control_failed) == 2 and all(
+            r.complete for r in control_runs.values())
 
     curve_steps: list[dict] = []
     curve = None
@@ -391,7 +452,8 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> tuple[RunJs
     with interrupt.held() as late:
         run = envelope(cfg, "+".join(n for n in names if n != "ar") or "ar", models, stream, runs, methods,
                        methods_run=list(runs), methods_skipped=skipped)
-        run["complete"] = complete and not late
+        run["complete"] = complete and not late and not failed and not any(
+            "error" in r for r in (curve or {}).get("rows", []))
         run["control"] = control or {}
         run["comparisons"] = comparisons(methods, control)
         if curve is not None:
@@ -408,7 +470,8 @@ CURVE_FIELDS = ("speedup", "speedup_ci95", "throughput_tokens_per_s", "throughpu
 def batch_curve(names: list[str], models: Models, stream: Stream, cfg: BenchConfig, first: dict[str, dict],
                 progress: Progress | None = None, explicit: bool = True) -> tuple[dict, list[dict], bool]:
     """--batch-sizes: every method (ar first) at each batch size on the same stream; the main run
-    is the first size. Returns (the run.json block, its step records, complete)."""
+    is the first size. Returns (the run.json block, its step records, complete: no signal stopped
+    it). A method that failed at a size has a row with its `error` there."""
     from dataclasses import replace
 
     rows, steps, complete = [], [], True
@@ -417,12 +480,12 @@ def batch_curve(names: list[str], models: Models, stream: Stream, cfg: BenchConf
             methods = first
         else:
             at = replace(cfg, batch_size=size)
-            runs, _ = run_methods(names, models, stream, at, progress, explicit)
-            methods = summarise(runs, at, models.pair.target)
+            runs, _, failed = run_methods(names, models, stream, at, progress, explicit)
+            methods = summarise(runs, at, models.pair.target, failed)
             steps += step_records(runs, f"batch{size}")
-            complete = complete and len(runs) == len(names) and all(r.complete for r in runs.values())
-        rows += [{"batch_size": size, "method": name, **{k: m.get(k) for k in CURVE_FIELDS}}
-                 for name, m in methods.items()]
+            complete = complete and len(runs) + len(failed) == len(names) and all(r.complete for r in runs.values())
+        rows += [{"batch_size": size, "method": name, **{k: m.get(k) for k in CURVE_FIELDS},
+                  **({"error": m["error"]} if "error" in m else {})} for name, m in methods.items()]
         if not complete:
             break
     return {"sizes": list(cfg.batch_sizes), "rows": rows}, steps, complete

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Collection
 
 from drift_cli import knobs
-from drift_cli.devices import DEVICE, DTYPES, check_device
+from drift_cli.devices import DEVICE, DTYPES, check_device, resolve_dtype
 from drift_cli.eagle.layout import DRAFT_KINDS
 from drift_cli.errors import BadInput
 from drift_cli.knobs import Settings, at_least, between, finite, knob
@@ -90,7 +90,9 @@ class BenchConfig(Settings):
     target: str | None = knob(None, "--target", "target checkpoint (local Hugging Face dir or GGUF file)")
     device: str = knob("auto", "--device", "cpu, cuda, cuda:N, or auto", ok=lambda d: bool(DEVICE.match(d)),
                        rule="must be cpu, cuda, cuda:N or auto")
-    dtype: str = knob("float32", "--dtype", "weights' dtype", choices=tuple(DTYPES))
+    # auto: bfloat16 on CUDA, float32 on the CPU (`devices.resolve_dtype`)
+    dtype: str = knob("auto", "--dtype", "weights' dtype; auto = bfloat16 on CUDA, float32 on the CPU",
+                      choices=("auto", *DTYPES))
     # torch CPU threads; None: 1 on the CPU (see docs/engine.md)
     threads: int | None = knob(None, "--threads", "torch CPU threads (default 1 on the CPU)",
                                ok=between(1, MAX_THREADS), kind=int, rule=f"must be in [1, {MAX_THREADS}]")
@@ -144,7 +146,10 @@ class BenchConfig(Settings):
         from drift_cli.methods import resolve_methods
 
         resolve_methods(self.methods)
-        self.configs()
+        given = {k for k, v in self.options.items() if v is not None}
+        for settings in self.configs().values():      # bounds a setting takes from --gamma
+            if hasattr(settings, "check_gamma"):
+                settings.check_gamma(self.gamma, given)
         if not unread_ok:
             check_unread_options(self, policies)
         check_bank_out(self)
@@ -193,6 +198,11 @@ class BenchConfig(Settings):
             return "cuda" if torch.cuda.is_available() else "cpu"
         return self.device
 
+    @property
+    def dtype_name(self) -> str:
+        """The weights' dtype the run loads: --dtype, with auto resolved by the device."""
+        return resolve_dtype(self.dtype, self.device_name)
+
 
 def check_drafter(cfg: BenchConfig) -> None:
     """--drafter picks a zoo's drafter, --draft-kind describes --draft PATH: each where it applies."""
@@ -227,14 +237,16 @@ def check_preset(cfg: BenchConfig) -> None:
             raise unknown("preset", cfg.zoo, preset_names())
 
 
-def unread_option(cfg: BenchConfig, policies: Collection[str] | None = None) -> str | None:
+def unread_option(cfg: BenchConfig, policies: Collection[str] | None = None, only: str | None = None) -> str | None:
     """The first method or controller flag given that nothing in the run reads, as the message
     naming it and who would read it; None when every given flag is read. Defaults (None) are
-    not given; a zoo preset's method defaults count as given values of the selector."""
+    not given; a zoo preset's method defaults count as given values of the selector. only: judge
+    this option alone (the others still select what runs: --hybrid-rule, --hybrid-model...)."""
     from drift_cli.methods import owners, resolve_methods, settings_classes, with_sources
     from drift_cli.zoo.presets import method_defaults
 
-    running = with_sources(set(resolve_methods(cfg.methods)), cfg.options)
+    named = set(resolve_methods(cfg.methods))
+    running = with_sources(named, cfg.options)
     preset = method_defaults(cfg.zoo_name() if cfg.draft is None else None)
     readers: dict[str, list[str]] = {}           # option name -> the methods that read it (a flag may be shared)
     given = []
@@ -244,18 +256,21 @@ def unread_option(cfg: BenchConfig, policies: Collection[str] | None = None) -> 
             if cfg.options.get(k.name) is not None and k.name not in {g[2].name for g in given}:
                 given.append((cls, f, k))
     for cls, f, k in given:
+        if only is not None and k.name != only:
+            continue
         users = readers[k.name]
-        if users and not running & set(users):
-            who = " and ".join(users) + (" methods, which" if len(users) > 1 else " method, which")
+        if users and not (named if getattr(cls, "method_only", False) else running) & set(users):
+            names = ", ".join(users[:-1]) + " and " + users[-1] if len(users) > 1 else users[0]
+            who = names + (" methods, which" if len(users) > 1 else " method, which")
             return f"{k.flag} is only used by the {who} --methods {cfg.methods} does not run"
         if k.needs is not None:
-            sel_field, wanted = k.needs
-            sel_f, sel = knobs.find(cls, sel_field)
+            sel_f, sel = knobs.find(cls, k.needs[0])
+            wanted = k.needed()
             value = cfg.options.get(sel.name)
             value = preset.get(sel.name, knobs.default_of(sel_f)) if value is None else value
-            selected = set(policies) if policies is not None else {value}
-            if wanted not in selected:
-                return (f"{k.flag} is only used by the {wanted} {sel.selects}, which "
+            selected = set(policies) if policies is not None and sel.flag == "--gamma-policy" else {value}
+            if not selected & set(wanted):
+                return (f"{k.flag} is only used by the {' or '.join(wanted)} {sel.selects}, which "
                         f"{sel.flag} {','.join(sorted(selected))} does not select")
     return None
 
@@ -276,10 +291,15 @@ def check_worker_threads(cfg: BenchConfig) -> None:
 
 
 def check_bank_out(cfg: BenchConfig) -> None:
-    """--bank-out must name a new or regular file, or a directory, in a writable place."""
-    from drift_cli.atomic import check_output_target
+    """--bank-out must name a new or regular file, or a directory, in a writable place, and none
+    of the run's inputs (--bank-in among them: a run never replaces what it read)."""
+    from drift_cli.atomic import check_output_target, refuse_inputs
 
     bank_out = cfg.options.get("bank_out")
+    if bank_out is not None:
+        refuse_inputs(bank_out, [("--bank-in", cfg.options.get("bank_in")), ("--corpus", cfg.corpus),
+                                 ("--draft", cfg.draft), ("--target", cfg.target),
+                                 ("--offline-draft", cfg.options.get("offline_draft"))], "--bank-out")
     if bank_out is not None and not Path(bank_out).is_dir():   # a directory holds one file per tenant
         check_output_target(Path(bank_out), "--bank-out")
         parent = Path(bank_out).parent

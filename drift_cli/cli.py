@@ -1,11 +1,14 @@
 """The `drift` command line (Click + rich).
 
-Exit codes: 0 ok, 1 a check failed (regress), 2 bad input. Bad input is one line on stderr,
-never a traceback. With --json, stdout carries the JSON document and nothing else.
+Exit codes: 0 ok, 1 a check failed (regress) or a method raised, 2 bad input. Bad input is one
+line on stderr, never a traceback; so is a method that raised (its row in run.json records the
+error, the others' results are written). `drift --debug` prints that method's traceback too.
+With --json, stdout carries the JSON document and nothing else.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,12 +23,20 @@ from drift_cli.commands.options import bench_options
 from drift_cli.commands.regress import regress
 from drift_cli.commands.suite import suite
 from drift_cli.commands.zoo import zoo
-from drift_cli.console import ProgressCallback, emit, err_console, quiet_libraries, rich_progress, stdout_console
+from drift_cli.console import (ProgressCallback, emit, err_console, exit_unless_complete, quiet_libraries, rich_progress,
+                                stdout_console, write_stdout)
 from drift_cli.errors import BadInput, CheckFailed
+
+
+def _debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:                      # the environment: suite workers in other processes inherit it
+        os.environ["DRIFT_DEBUG"] = "1"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="drift-bench")
+@click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_debug,
+              help="A method that raises prints its traceback too (or set DRIFT_DEBUG=1).")
 def cli() -> None:
     """drift-bench: speculative decoding under distribution shift."""
 
@@ -68,8 +79,7 @@ def bench(as_json, **opts) -> None:
         emit(run, True)
     else:
         render_run(run, stdout_console(), str(path))
-    if not run["complete"]:
-        interrupt.exit_incomplete(path)
+    exit_unless_complete(run, path)
 
 
 @cli.command()
@@ -97,7 +107,7 @@ def report(run_dirs, as_json, out, fmt) -> None:
     if fmt == "csv":
         from drift_cli.export import csv_text, run_rows
 
-        click.echo(csv_text([row for run in runs for row in run_rows(run)]), nl=False)
+        write_stdout(csv_text([row for run in runs for row in run_rows(run)]))
         return
     console = stdout_console()
     for d, run in zip(run_dirs, runs, strict=True):
@@ -122,13 +132,19 @@ def main(argv: list[str] | None = None) -> None:
         err_console.print("interrupted")
         sys.exit(interrupt.exit_code())
     except (BadInput, CheckFailed) as e:
-        err_console.print(f"error: {e}", highlight=False, soft_wrap=True, markup=False)
+        text = " ".join(str(e).splitlines())     # one line, whatever a message quoted
+        err_console.print(f"error: {text}", highlight=False, soft_wrap=True, markup=False)
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(interrupt.exit_code())
+    try:
+        write_stdout("")              # what a command left buffered: a stdout that cannot take it is one line
+    except BadInput as e:
+        err_console.print(f"error: {e}", highlight=False, soft_wrap=True, markup=False)
+        sys.exit(e.exit_code)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -11,6 +11,14 @@ from drift_cli.errors import BadInput
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
 DEVICE = re.compile(r"^(auto|cpu|cuda(:\d{1,4})?)$")
+AUTO_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}   # --dtype auto: what users of each device run
+
+
+def resolve_dtype(name: str, device: str) -> str:
+    """--dtype auto -> bfloat16 on a CUDA device, float32 on the CPU; any other name as given."""
+    if name != "auto":
+        return name
+    return AUTO_DTYPE["cuda" if device.startswith("cuda") else "cpu"]
 
 
 def check_device(name: str) -> None:

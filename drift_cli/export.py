@@ -71,15 +71,21 @@ def columns(rows: list[dict[str, Any]]) -> list[str]:
     return sorted(dict.fromkeys(name for row in rows for name in row), key=_section)
 
 
-def csv_text(rows: list[dict[str, Any]]) -> str:
-    """CSV with a header row; None is an empty field, a float keeps every digit (its repr)."""
-    names = columns(rows)
+def _csv_line(fields: list[Any]) -> str:
+    """One CSV record ending in "\\n". The writer runs with "\\r\\n" as its terminator, so that a
+    field holding a carriage return, a newline, a quote or a comma is quoted (with "\\n" alone, a
+    bare "\\r" in a label would be written unquoted and split the record on reading)."""
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(names)
-    for row in rows:
-        writer.writerow(["" if row.get(n) is None else row[n] for n in names])
-    return buf.getvalue()
+    csv.writer(buf, lineterminator="\r\n").writerow(fields)
+    return buf.getvalue()[:-2] + "\n"
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    """CSV with a header row; None is an empty field, a float keeps every digit (its repr). Reads
+    back with Python's csv module and pandas to the same rows, whatever the labels hold."""
+    names = columns(rows)
+    return _csv_line(names) + "".join(_csv_line(["" if row.get(n) is None else row[n] for n in names])
+                                      for row in rows)
 
 
 def _pyarrow():

@@ -69,6 +69,11 @@ def ignore() -> None:
         signal.signal(s, signal.SIG_IGN)
 
 
+def signalled() -> bool:
+    """Whether SIGINT or SIGTERM came during this process."""
+    return bool(_received)
+
+
 def exit_code() -> int:
     """128 + the last signal received; 130 (SIGINT) when none was (e.g. an interrupted prompt)."""
     return 128 + (_received[-1] if _received else signal.SIGINT)

@@ -32,13 +32,20 @@ class Knob:
     dest: str | None = None                     # the option name when it is not the flag's ("switch_after")
     parse: Callable[[str], Any] | None = None   # text -> value, for a kind that is not one scalar ("1,2,4")
     # Read only when another field of the settings has a value: (field name, value), e.g.
-    # --gamma-p-min needs ("policy", "confidence"); given with another value, the flag is refused.
+    # --gamma-p-min needs ("policy", "confidence"), or one of several: (field name, (v1, v2));
+    # given with another value, the flag is refused.
     needs: tuple[str, Any] | None = None
     selects: str = ""                           # a selector field: what its value picks ("γ controller")
 
     @property
     def name(self) -> str:
         return self.dest or self.flag.lstrip("-").replace("-", "_")
+
+    def needed(self) -> tuple[str, ...]:
+        """The values of the `needs` field under which this knob is read."""
+        assert self.needs is not None
+        wanted = self.needs[1]
+        return tuple(wanted) if isinstance(wanted, (tuple, list)) else (wanted,)
 
 
 def knob(default: Any, flag: str, help: str, kind: type | None = None, ok: Callable[[Any], bool] | None = None,

@@ -413,11 +413,28 @@ def shift_penalty(s_indist: float | None, s_shift: float | None) -> float | None
     return (s_indist - s_shift) / (s_indist - 1.0)
 
 
-def gap_closed(x_drift: float | None, x_vanilla: float | None, x_offline: float | None) -> float | None:
-    """(x_drift - x_vanilla) / (x_offline - x_vanilla), for x = alpha or speedup."""
-    if None in (x_drift, x_vanilla, x_offline) or x_offline == x_vanilla:
+def gap_closed(x_drift: float | None, x_vanilla: float | None, x_offline: float | None,
+               noise: float | None = 0.0) -> float | None:
+    """(x_drift - x_vanilla) / (x_offline - x_vanilla), for x = alpha or speedup.
+
+    None (printed n/a) unless the denominator, the gap itself, exceeds `noise`: its own 95% CI
+    half-width (`difference_half_width`). When offline barely differs from vanilla the ratio
+    divides by noise and means nothing; noise None (the CI is unknown) is n/a too."""
+    if None in (x_drift, x_vanilla, x_offline) or noise is None:
         return None
-    return (x_drift - x_vanilla) / (x_offline - x_vanilla)
+    gap = x_offline - x_vanilla
+    if abs(gap) <= noise:
+        return None
+    return (x_drift - x_vanilla) / gap
+
+
+def difference_half_width(ci_a: Sequence[float] | None, ci_b: Sequence[float] | None) -> float | None:
+    """The 95% CI half-width of a - b from the two figures' own 95% CIs (their half-widths added in
+    quadrature, as for independent estimates; for positively correlated runs on the same prompts
+    this is wider than the paired interval, so a gap it calls real is real). None if either is unknown."""
+    if not ci_a or not ci_b or None in (*ci_a, *ci_b):
+        return None
+    return math.hypot((ci_a[1] - ci_a[0]) / 2, (ci_b[1] - ci_b[0]) / 2)
 
 
 def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True, verify_ratio: Sequence[float] | None = None,

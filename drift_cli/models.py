@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from drift_cli.devices import DTYPES as DTYPE_NAMES, check_device
-from drift_cli.errors import BadInput
+from drift_cli.errors import BadInput, one_line
+from drift_cli.weights import refuse_non_finite
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 DTYPES = {name: getattr(torch, dtype) for name, dtype in DTYPE_NAMES.items()}
@@ -122,7 +123,8 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> torch.nn
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     except Exception as e:  # noqa: BLE001
-        raise BadInput(f"cannot load the model at {path}: {str(e).splitlines()[0]}") from e
+        raise BadInput(f"cannot load the model at {path}: {one_line(e)}") from e
+    refuse_non_finite(model.state_dict().items(), f"model {path}")
     model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)

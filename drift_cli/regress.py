@@ -170,7 +170,9 @@ def measure(cfg: RegressConfig, models: Models, stream: Stream, progress: Progre
 
     names = cfg.method_names()
     with measuring_threads():
-        runs, _ = bench.run_methods(names, models, stream, cfg.bench_config(), progress)
+        runs, _, failed = bench.run_methods(names, models, stream, cfg.bench_config(), progress)
+    if failed:   # the gate needs every method measured: the first failure is the command's
+        raise next(iter(failed.values())).exception
     missing = [n for n in names if n not in runs or not runs[n].complete]
     if missing:   # run_stream stops early only on Ctrl-C: pass it on, write nothing half-measured
         raise KeyboardInterrupt

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from drift_cli.errors import failure_line
+from drift_cli.results import method_errors
 
 
 def _f(x, fmt: str = "{:.3f}") -> str:
     return "–" if x is None else fmt.format(x)
+
+
+def _gap(comparisons: dict, x: str) -> str:
+    """A gap closed, or n/a when the run has offline and vanilla but no gap beyond their noise."""
+    value = comparisons.get(f"gap_closed_{x}")
+    return "n/a" if value is None else _f(value)
 
 
 def _speedup(m: dict) -> str:
@@ -112,7 +122,7 @@ def render_run(run: dict, console: Console, path: str | None = None) -> None:
     )
     c = run.get("comparisons", {})
     console.print(
-        f"gap closed (α) {_f(c.get('gap_closed_alpha'))}, gap closed (speedup) {_f(c.get('gap_closed_speedup'))}, "
+        f"gap closed (α) {_gap(c, 'alpha')}, gap closed (speedup) {_gap(c, 'speedup')}, "
         f"shift penalty {_f(c.get('shift_penalty'))}"
     )
     for name, m in run["methods"].items():
@@ -124,3 +134,5 @@ def render_run(run: dict, console: Console, path: str | None = None) -> None:
     skipped = run.get("config", {}).get("methods_skipped") or {}
     for name, why in skipped.items():
         console.print(f"[yellow]skipped {name}[/]: {why}")
+    for name, error in method_errors(run).items():
+        console.print(Text(failure_line(name, error), style="red"))

@@ -138,6 +138,14 @@ def _write_run(final: Path, run: RunJson, steps: Iterable[dict], plots: bool) ->
     return final
 
 
+def method_errors(run: RunJson) -> dict[str, dict]:
+    """The methods of a run that raised: name (`control/NAME` for the indist control's) -> their
+    row's `error` ({type, message}). Such a row holds nothing else; the run is marked incomplete."""
+    rows = [(name, m) for name, m in run.get("methods", {}).items()]
+    rows += [(f"control/{name}", m) for name, m in (run.get("control") or {}).items()]
+    return {name: m["error"] for name, m in rows if isinstance(m, dict) and m.get("error")}
+
+
 def load_run(run_dir: Path) -> RunJson:
     """The run.json of a run directory (or the run.json file itself); BadInput when it is not one."""
     path = Path(run_dir) / "run.json" if Path(run_dir).is_dir() else Path(run_dir)
@@ -153,4 +161,24 @@ def load_run(run_dir: Path) -> RunJson:
         raise BadInput(f"{path} is not a run.json (expected an object with 'schema_version' and 'methods')")
     if run.get("schema_version") != SCHEMA_VERSION:
         raise BadInput(f"{path}: schema_version {run.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    problem = _shape_problem(run)
+    if problem:
+        raise BadInput(f"{path} is not a run.json ({problem})")
     return run
+
+
+def _shape_problem(run: dict) -> str | None:
+    """What is of the wrong JSON type among the tables every reader walks: each method's block, the
+    settings and the control stream's blocks (None when they are all objects)."""
+    for name, block in run["methods"].items():
+        if not isinstance(block, dict):
+            return f"methods.{name} is {type(block).__name__}, not an object"
+    if not isinstance(run.get("config", {}), dict):
+        return f"config is {type(run['config']).__name__}, not an object"
+    control = run.get("control")
+    if control is not None and not isinstance(control, dict):
+        return f"control is {type(control).__name__}, not an object"
+    for name, block in (control or {}).items():
+        if block is not None and not isinstance(block, dict):
+            return f"control.{name} is {type(block).__name__}, not an object"
+    return None

@@ -10,6 +10,7 @@ Triton is imported lazily so the CPU path works on machines without it.
 from __future__ import annotations
 
 import importlib
+import os
 from functools import lru_cache
 
 import torch
@@ -68,6 +69,30 @@ def bias_add(z, nb: Neighbours, support, bias, gain: float, backend: str = "auto
     if support is None:
         return reference.bias_add_dense(z, nb, bias, gain)
     return reference.bias_add(z, nb, support, bias, gain)
+
+
+def draft_step(h, z, keys, valid, support, bias, k: int, sigma: float, gain: float,
+               backend: str = "auto") -> tuple[torch.Tensor, Neighbours]:
+    """One draft step: retrieval then bias add. h [Q, d], z [Q, V] fp32 -> (z + λβ new [Q, V], the
+    neighbours [Q, k]). On Triton one fused op in two launches (`drift_kernels.step`)."""
+    if resolve(h, backend) == "triton":
+        from drift_kernels import step
+        return step.draft_step(h, z, keys, valid, support, bias, k, sigma, gain)
+    nb = retrieve(h, keys, valid, k, sigma, backend=backend)
+    return bias_add(z, nb, support, bias, gain, backend=backend), nb
+
+
+def warm_up(device, d: int, m: int, k: int, dtype: torch.dtype, **shape) -> int:
+    """Compile the Triton kernels the drift method launches at these shapes before a timed region
+    (`drift_kernels.step.warm_up`; keyword arguments: bank_size, vocab, queries, positions,
+    adaptive). A no-op returning 0 where the Triton path does not apply (not CUDA, no Triton),
+    unless the Triton backend is forced by TRITON_INTERPRET=1 on the CPU. Returns the launches made."""
+    dev = torch.device(device)
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if not triton_available() or (dev.type != "cuda" and not interpreted):
+        return 0
+    from drift_kernels import step
+    return step.warm_up(dev, d, m, k, dtype, **shape)
 
 
 def update(keys, bias, counts, slots, residual, h, eta: float, adaptive: bool, backend: str = "auto") -> None:

@@ -5,7 +5,8 @@ sequentially (the bank state after position p is the input of position p+1); eac
 a handful of vectorised passes over its prototype's row (m bias values, d key entries), with a
 barrier between positions so the next one reads what this one wrote. P = B·γ is small. The
 loop bounds P, m, d are constexprs (a handful of compilations: P takes at most γ·B values), which
-also keeps the Triton 3.6 interpreter working under numpy >= 2.4.
+also keeps the Triton 3.6 interpreter working under numpy >= 2.4. Constants enter as constexpr
+parameters (`NORM_EPS`, defined once in `reference.py`): a jitted function reads no module global.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from drift_kernels.reference import NORM_EPS
 
 @triton.jit
 def _update_kernel(keys_ptr, bias_ptr, counts_ptr, slots_ptr, res_ptr, h_ptr,
-                   eta, P: tl.constexpr, M: tl.constexpr, D: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                   eta, NORM_EPS: tl.constexpr, P: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
+                   ADAPTIVE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     for p in range(P):
         slot = tl.load(slots_ptr + p).to(tl.int64)
         n = tl.load(counts_ptr + slot)
@@ -68,6 +70,6 @@ def update(keys: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor, slots: 
     m, d = bias.shape[1], keys.shape[1]
     _update_kernel[(1,)](
         keys, bias, counts, slots.contiguous(), residual.contiguous().float(), h.contiguous(),
-        float(eta), P=p, M=m, D=d, ADAPTIVE=bool(adaptive),
+        float(eta), NORM_EPS=NORM_EPS, P=p, M=m, D=d, ADAPTIVE=bool(adaptive),
         BLOCK_M=min(1024, triton.next_power_of_2(max(m, 1))), BLOCK_D=min(1024, triton.next_power_of_2(d)),
         enable_fp_fusion=False)

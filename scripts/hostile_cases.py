@@ -1,6 +1,6 @@
 """Re-run every recorded case of hostile input and faults on the micro zoo and count them.
 
-    OMP_NUM_THREADS=1 python scripts/hostile_cases.py [--json REPORT.json] [--only SUBSTRING]
+    OMP_NUM_THREADS=1 python scripts/hostile_cases.py [--json REPORT.json] [--only SUBSTRING ...]
 
 Each case is a real `drift` process (micro zoo, --max-prompts 2 --max-new-tokens 16) in a temp
 directory; it records the exit code, the stderr lines, whether a traceback or a Rust panic was
@@ -95,7 +95,9 @@ def _finished_methods(box: Box) -> list[str]:
 
 
 def run_case(case: Case, box: Box) -> Result:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DRIFT_FINISHED_METHODS_FILE": str(box.p("finished-methods")),
+    # DRIFT_PROGRESS_INTERVAL off: a slow machine's plain progress lines are not counted as error lines
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DRIFT_PROGRESS_INTERVAL": "off",
+           "DRIFT_FINISHED_METHODS_FILE": str(box.p("finished-methods")),
            **(case.env(box) if case.env else {})}
     argv = DRIFT + [str(a) for a in case.argv(box)]
     t0 = time.perf_counter()
@@ -199,6 +201,90 @@ def copy_cache(box: Box) -> Path:
     micro = sorted((shared_cache / "zoo").glob("micro-*"))[-1]
     shutil.copytree(micro, cache / "zoo" / micro.name, ignore=shutil.ignore_patterns("offline", ".*"))
     return cache
+
+
+def micro_target() -> Path:
+    """The micro zoo's target checkpoint (a head by path needs --target)."""
+    cache = Path(os.environ.get("DRIFT_CACHE_DIR") or "~/.cache/drift-bench").expanduser()
+    return sorted((cache / "zoo").glob("micro-*"))[-1] / "target"
+
+
+def head(box: Box, kind: str = "eagle3", config: dict | None = None, weight: tuple | None = None,
+         name: str = "head") -> Path:
+    """An EAGLE head for the micro target (tests/eagle_writer.py), with config.json fields replaced
+    and one weight edited: weight = (tensor name, fn)."""
+    sys.path.insert(0, str(REPO))
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from tests.eagle_writer import write_eagle1, write_eagle3
+
+    target = AutoModelForCausalLM.from_pretrained(str(micro_target()))
+    path = (write_eagle3 if kind == "eagle3" else write_eagle1)(box.p(name), target)
+    if config:
+        doc = json.loads((path / "config.json").read_text())
+        doc.update(config)
+        (path / "config.json").write_text(json.dumps(doc))
+    if weight:
+        tensors = load_file(str(path / "model.safetensors"))
+        tensors[weight[0]] = weight[1](tensors[weight[0]].clone())
+        save_file(tensors, str(path / "model.safetensors"))
+    return path
+
+
+def nan_head(box: Box, name: str = "head") -> Path:
+    return head(box, weight=("norm.weight", lambda t: t.fill_(float("nan"))), name=name)
+
+
+def pickled_head(box: Box) -> Path:
+    import pickle
+
+    path = head(box, kind="eagle")
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    (path / "model.safetensors").unlink()
+    with open(path / "pytorch_model.bin", "wb") as fh:
+        pickle.dump({**tensors, "x": print}, fh)
+    return path
+
+
+def by_path(draft: Path, *extra) -> list:
+    return ["bench", "--draft", draft, "--target", micro_target(), "--scenario", "jargon", "--max-prompts", "2",
+            "--max-new-tokens", "16", "--no-control", *extra]
+
+
+def tiny_suite(box: Box, claims: str = "") -> Path:
+    path = box.p("tiny.toml")
+    path.write_text('version = 1\n[base]\nzoo = "micro"\nscenario = "jargon"\nmethods = "vanilla"\n'
+                    'max_prompts = 1\nmax_new_tokens = 4\ncontrol = false\n[grid]\nseed = [1]\n' + claims)
+    return path
+
+
+CLAIM = ('[[claim]]\nid = 1\ntitle = "t"\nseed = "s"\nquote = "q"\n[[claim.part]]\n'
+         'a = { where = { seed = "1" }, metric = "methods.vanilla.acceptance_rate" }\nside = "above"\n'
+         'figure = "FIGURE"\nthreshold = THRESHOLD\n')
+
+
+def claims_suite(box: Box, conf: str = "", figure: str = "a", threshold: str = "0.0") -> Path:
+    return tiny_suite(box, f"[claims]\n{conf}\n" + CLAIM.replace("FIGURE", figure).replace("THRESHOLD", threshold))
+
+
+def run_tiny_suite(box: Box) -> Path:
+    path = tiny_suite(box)
+    subprocess.run(DRIFT + ["suite", "run", str(path), "--out", str(box.out)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                   check=True, capture_output=True)
+    return path
+
+
+def suite_intact(box: Box, r: Result) -> str | None:
+    text = box.p("tiny.toml").read_text()
+    runs = list(box.out.rglob("run.json"))
+    if not text.startswith("version = 1"):
+        return "the suite file was overwritten"
+    if not runs or not all(strict_json_ok(f.read_text()) and '"methods"' in f.read_text() for f in runs):
+        return "a cell's run.json was overwritten"
+    return None
 
 
 def corrupt_manifest(box: Box) -> None:
@@ -378,6 +464,54 @@ CASES: list[Case] = [
                                                     '[grid]\nseed = [' + ", ".join(map(str, range(1000)))
                                                     + ']\nmax_new_tokens = [' + ", ".join(map(str, range(1, 1001)))
                                                     + ']\n')),
+    # ---- round four: EAGLE heads, the hybrid's knobs, exports, claims (each exit 2, one line)
+    Case("head: architectures 7", lambda b: by_path(head(b, config={"architectures": 7}), "--methods", "vanilla")),
+    Case("head: target_hidden_size a string", lambda b: by_path(head(b, config={"target_hidden_size": "64"}),
+                                                                "--methods", "vanilla")),
+    Case("head: an unknown hidden_act", lambda b: by_path(head(b, config={"hidden_act": "bogus"}), "--methods",
+                                                          "vanilla")),
+    Case("head: EAGLE-1 num_hidden_layers 10^6", lambda b: by_path(head(b, "eagle", {"num_hidden_layers": 10**6}),
+                                                                   "--methods", "vanilla")),
+    Case("head: zero KV heads", lambda b: by_path(head(b, config={"num_key_value_heads": 0}), "--methods", "vanilla")),
+    Case("head: rope_theta 0", lambda b: by_path(head(b, config={"rope_theta": 0}), "--methods", "vanilla")),
+    Case("head: empty aux_layers", lambda b: by_path(head(b, config={"eagle_config": {
+        "eagle_aux_hidden_state_layer_ids": []}}), "--methods", "vanilla")),
+    Case("head: eagle_config a list", lambda b: by_path(head(b, config={"eagle_config": [1]}), "--methods", "vanilla")),
+    Case("head: fractional d2t", lambda b: by_path(head(b, weight=("d2t", lambda t: t.double() + 0.5)), "--methods",
+                                                   "vanilla")),
+    Case("head: a pickled .bin", lambda b: by_path(pickled_head(b), "--methods", "vanilla")),
+    Case("head: NaN weights, T 0.8, B 2", lambda b: by_path(nan_head(b), "--methods", "vanilla", "--temperature",
+                                                            "0.8", "--batch-size", "2")),
+    Case("head: NaN weights as --offline-draft", lambda b: by_path(head(b, name="good"), "--methods", "offline",
+                                                                   "--offline-draft", nan_head(b))),
+    Case("head: NaN weights pinned by regress", lambda b: ["regress", "pin", "--draft", nan_head(b), "--target",
+                                                           micro_target(), "--out", b.p("base.json")]),
+    Case("hybrid: --hybrid-min-length under --hybrid-rule score",
+         bench("--methods", "hybrid", "--hybrid-rule", "score", "--hybrid-min-length", "3"), owner="method-flags"),
+    Case("hybrid: --hybrid-min-length 2^63", bench("--methods", "hybrid", "--hybrid-rule", "length",
+                                                   "--hybrid-min-length", str(2**63)), owner="method-flags"),
+    Case("hybrid: --hybrid-min-score 1e308", bench("--methods", "hybrid", "--hybrid-min-score", "1e308"),
+         owner="method-flags"),
+    Case("hybrid: --bank-in (missing) with a hybrid alone",
+         lambda b: bench("--methods", "hybrid", "--bank-in", b.p("missing.safetensors"))(b), owner="method-flags"),
+    Case("hybrid: --hybrid-learn-copied with a vanilla model side",
+         bench("--methods", "hybrid", "--hybrid-model", "vanilla", "--hybrid-learn-copied"), owner="method-flags"),
+    Case("--gamma-policy with ar alone", bench("--methods", "ar", "--gamma-policy", "ema"), owner="method-flags"),
+    Case("suite export --file SUITE.toml", lambda b: ["suite", "export", b.p("tiny.toml"), "--out", b.out, "--file",
+                                                      b.p("tiny.toml")], setup=run_tiny_suite, lost=suite_intact),
+    Case("suite export --file a cell's run.json",
+         lambda b: ["suite", "export", b.p("tiny.toml"), "--out", b.out, "--file", next(b.out.rglob("run.json"))],
+         setup=run_tiny_suite, lost=suite_intact),
+    Case("claims: repeat = 3", lambda b: ["suite", "report", claims_suite(b, "repeat = 3"), "--out", b.out,
+                                          "--claims", "--claims-out", b.p("c.md")]),
+    Case("claims: unknown key", lambda b: ["suite", "report", claims_suite(b, 'colums = "zoo"'), "--out", b.out,
+                                           "--claims", "--claims-out", b.p("c.md")]),
+    Case("claims: figure max(a)", lambda b: ["suite", "report", claims_suite(b, figure="max(a)"), "--out", b.out,
+                                             "--claims", "--claims-out", b.p("c.md")]),
+    Case("claims: figure a * 2j", lambda b: ["suite", "report", claims_suite(b, figure="a * 2j"), "--out", b.out,
+                                             "--claims", "--claims-out", b.p("c.md")]),
+    Case("claims: threshold nan", lambda b: ["suite", "report", claims_suite(b, threshold="nan"), "--out", b.out,
+                                             "--claims", "--claims-out", b.p("c.md")]),
     Case("suite status, a grid of 20,000 cells", lambda b: ["suite", "status", b.p("mid.toml"), "--out", b.out],
          expect="ok",
          setup=lambda b: b.p("mid.toml").write_text('version = 1\n[base]\nzoo = "micro"\nscenario = "jargon"\n'
@@ -413,7 +547,8 @@ def strict_json_ok(text: str) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None, help="also write the per-case results here")
-    ap.add_argument("--only", default=None, help="run only the cases whose name contains this")
+    ap.add_argument("--only", action="append", default=None,
+                    help="run only the cases whose name contains this (repeatable: any of them)")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hostile-"))
     make_shared(root)
@@ -425,7 +560,7 @@ def main() -> None:
     rows = []
     root_user = os.geteuid() == 0
     for case in CASES:
-        if args.only and args.only not in case.name:
+        if args.only and not any(o in case.name for o in args.only):
             continue
         if case.send and case.send[1] == 0.0:
             case.send = (case.send[0], duration * (0.88 if case.send[0] == signal.SIGINT else 0.6))

@@ -2,6 +2,9 @@
 # Install the OS packages the default scenario suite extracts text from (Debian/Ubuntu).
 # Idempotent and fast when everything is present: apt is only called for missing packages.
 # Usage: scripts/install-data-deps.sh [--check]   (--check: list missing packages, exit 1 if any)
+# Quiet: it prints one line, "all present" or the packages it installed; apt's and dpkg's own
+# output goes to a log, DRIFT_DATA_DEPS_LOG (default .venv/data-deps.log beside this script's
+# repository, else $TMPDIR/drift-bench-data-deps.log), named in that line and in any failure's.
 # Two set-ups at once (two clones, CI beside a working tree): the second waits for the first
 # (a lock of this script's own), then finds the packages present. apt's own lock, held by some
 # other apt or dpkg, is waited for up to DRIFT_APT_LOCK_WAIT seconds (default 600), then this
@@ -13,6 +16,14 @@ PACKAGES="fortunes dict-gcide dict-foldoc jargon-text manpages-de manpages-fr ma
 # libpython3.X-stdlib (the code scenario).
 LOCK_WAIT="${DRIFT_APT_LOCK_WAIT:-600}"
 SCRIPT_LOCK="${TMPDIR:-/tmp}/drift-bench-data-deps.lock"
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+if [ -n "${DRIFT_DATA_DEPS_LOG:-}" ]; then
+    LOG="$DRIFT_DATA_DEPS_LOG"
+elif [ -d "$REPO/.venv" ]; then
+    LOG="$REPO/.venv/data-deps.log"
+else
+    LOG="${TMPDIR:-/tmp}/drift-bench-data-deps.log"
+fi
 
 find_missing() {
     missing=""
@@ -25,7 +36,7 @@ find_missing() {
 
 find_missing
 if [ -z "$missing" ]; then
-    echo "data deps: all present ($PACKAGES)"
+    echo "data deps: all present"
     exit 0
 fi
 if [ "${1:-}" = "--check" ]; then
@@ -63,13 +74,17 @@ deadline=$(( $(date +%s) + LOCK_WAIT ))
 apt_get() {
     while :; do
         err="$(mktemp)"
-        if DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout="$LOCK_WAIT" "$@" 2>"$err"; then
+        echo "\$ apt-get $*" >>"$LOG"
+        if DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout="$LOCK_WAIT" "$@" >>"$LOG" 2>"$err"; then
+            cat "$err" >>"$LOG"
             rm -f "$err"
             return 0
         fi
+        cat "$err" >>"$LOG"
         if ! grep -q "Could not get lock\|Unable to acquire the dpkg frontend lock\|Unable to lock" "$err"; then
-            cat "$err" >&2
+            last="$(grep -v '^[[:space:]]*$' "$err" | tail -n 1)"
             rm -f "$err"
+            echo "data deps: apt-get $1 failed${last:+ ($last)}; its output is in $LOG" >&2
             exit 1
         fi
         rm -f "$err"
@@ -78,7 +93,9 @@ apt_get() {
     done
 }
 
-echo "data deps: installing$missing"
+mkdir -p "$(dirname "$LOG")"
+echo "--- $(date -u '+%Y-%m-%d %H:%M:%S UTC') installing$missing" >>"$LOG"
 # dictd is what the dict-* packages depend on; its service is not needed (policy-rc.d may deny it)
 apt_get update -qq
 apt_get install -y -qq --no-install-recommends $missing
+echo "data deps: installed$missing (apt's output: $LOG)"

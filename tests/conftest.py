@@ -52,6 +52,8 @@ def _session_cache() -> str:
 
 
 os.environ["DRIFT_CACHE_DIR"] = _session_cache()
+# no plain progress lines on a captured stderr (tests count its lines); test_progress turns them on
+os.environ.setdefault("DRIFT_PROGRESS_INTERVAL", "off")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -183,7 +183,7 @@ def numeric_cases() -> list:
             users = owners(cls) if cls is not BenchConfig else []
             select = ["--methods", users[0] if users else "vanilla"]
             if k.needs is not None:
-                select += [knobs.find(cls, k.needs[0])[1].flag, k.needs[1]]
+                select += [knobs.find(cls, k.needs[0])[1].flag, k.needed()[0]]
             cases += [pytest.param(k.flag, v, select, id=f"{k.flag}={v}") for v in (*FLOATS, *INTS)]
     return cases
 

@@ -202,3 +202,24 @@ def test_cpu_path_reproduces_the_reference_run(key, temperature):
     assert torch.equal(a.support, b.support) and torch.equal(a.counts, b.counts) and a.n_valid == b.n_valid > 0
     torch.testing.assert_close(b.keys, a.keys, atol=1e-5, rtol=0)
     torch.testing.assert_close(b.bias, a.bias, atol=1e-4, rtol=0)
+
+
+def test_warm_up_compiles_the_banks_kernels_at_the_runs_shapes_on_cuda_only(monkeypatch):
+    import drift_kernels
+
+    seen = []
+    monkeypatch.setattr(drift_kernels, "warm_up", lambda *a, **kw: seen.append((a, kw)) or 1)
+    draft, _ = tiny_pair()
+    method = DriftMethod(draft, CFG)           # backend auto
+    method.warm_up(3, 4)                       # the CPU: nothing to compile
+    assert seen == []
+    method.device = torch.device("cuda")       # where the Triton path runs
+    method.warm_up(3, 4)
+    (args, kw), = seen
+    assert args[1:4] == (method.dim, CFG.support, CFG.neighbors)
+    assert kw["queries"] == 3 and kw["positions"] == 12 and kw["bank_size"] == CFG.bank_size
+    seen.clear()
+    reference = drift(draft)                   # the reference backend launches no kernel
+    reference.device = torch.device("cuda")
+    reference.warm_up(3, 4)
+    assert seen == []

@@ -2,7 +2,7 @@
 
 Shapes are odd on purpose (N not a multiple of the tile, d not a power of two, k above the
 number of valid slots, empty banks). One tolerance table per key dtype; the fp32 bias add is
-compared bit for bit.
+compared bit for bit, and so is the fused draft step's bias add of its own neighbours.
 """
 
 import os
@@ -27,6 +27,8 @@ def _to(x, dev):
         return x.to(dev)
     if isinstance(x, reference.Neighbours):
         return reference.Neighbours(x.idx.to(dev), x.sim.to(dev), x.weight.to(dev))
+    if isinstance(x, tuple):
+        return tuple(_to(y, dev) for y in x)
     return x
 
 
@@ -359,3 +361,124 @@ def test_cpu_bank_step_fuses_retrieval_and_bias_add():
         bank.step(h.numpy(), zz, zz)
 
 
+
+
+# --- the fused draft step (retrieval + bias add, two launches) and the warm-up --------------------
+
+def make_step_case(q, n, d, m, v, k, dtype, seed, ties=False):
+    z, _, support, bias = make_bias_case(q, n, max(m, 1), v, k, seed)
+    keys, valid, g = make_bank(n, d, dtype, seed=seed, valid_share=0.8)
+    if ties:                                      # equal keys: similarities tie exactly in any order
+        keys[5:n:7] = keys[3]
+    h = torch.randn(q, d, generator=g, dtype=torch.float32).to(dtype) * 2.0
+    if ties:
+        h[0] = keys[3].float() * 3.0
+    if m == 0:
+        support, bias = None, torch.randn(n, v, generator=g)
+    return h, z, keys, valid, support, bias
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("q,n,d,m,v,k,ties", [(1, 123, 48, 8, 300, 4, True), (3, 40, 20, 5, 97, 2, False),
+                                               (2, 9, 17, 0, 130, 8, False), (1, 70, 24, 4, 50, 1, True)])
+def test_draft_step_matches_retrieval_then_bias_add(dtype, q, n, d, m, v, k, ties):
+    h, z, keys, valid, support, bias = make_step_case(q, n, d, m, v, k, dtype, seed=n + v, ties=ties)
+    zs = torch.randn(q, 3, v)                     # z rows read in place from a [Q, T, V] view
+    zs[:, 1] = z
+    before = zs.clone()
+    got, nb = run_op("draft_step", h, zs[:, 1], keys, valid, support, bias, k, 0.4, 0.7, backend="triton")
+    want_nb = reference.retrieve(h, keys, valid, k, 0.4)
+    assert torch.equal(nb.idx, want_nb.idx)       # ties included: the lower slot first
+    live = want_nb.idx >= 0
+    torch.testing.assert_close(nb.sim[live], want_nb.sim[live], atol=TOL[dtype][0], rtol=0)
+    assert bool(torch.isinf(nb.sim[~live]).all()) and bool((nb.weight[~live] == 0).all())
+    torch.testing.assert_close(nb.weight, want_nb.weight, atol=TOL[dtype][0], rtol=0)
+    # the bias add of the kernel's own neighbours is the reference's, bit for bit
+    add = reference.bias_add if m else (lambda z_, nb_, _s, b_, g_: reference.bias_add_dense(z_, nb_, b_, g_))
+    assert torch.equal(got, add(z, nb, support, bias, 0.7))
+    assert torch.equal(zs, before)                # the input logits are not modified
+
+
+@pytest.mark.parametrize("m", [4, 0])
+def test_draft_step_of_an_empty_or_invalid_bank_leaves_the_logits(m):
+    h, z, keys, valid, support, bias = make_step_case(2, 12, 16, m, 40, 3, torch.float32, seed=3)
+    for n, share in [(0, None), (12, 0.0)]:
+        valid_n = torch.zeros(n, dtype=torch.bool) if share == 0.0 else valid[:n]
+        got, nb = run_op("draft_step", h, z, keys[:n], valid_n, support, bias, 3, 0.4, 0.7, backend="triton")
+        assert torch.equal(got, z) and nb.idx.tolist() == [[-1] * 3] * 2
+        assert nb.weight.abs().sum().item() == 0.0
+
+
+class KernelLog:
+    """Wraps the Triton kernels of drift_kernels to record each launch by name (`inside` is true
+    while a launch runs, which under the interpreter includes the kernel's own execution)."""
+
+    def __init__(self, monkeypatch):
+        from drift_kernels import bias, prototype_update, retrieval, step
+        self.names, self.inside = [], False
+        for mod in (bias, prototype_update, retrieval, step):
+            for name, obj in list(vars(mod).items()):
+                if name.endswith("_kernel") and hasattr(obj, "__getitem__"):
+                    monkeypatch.setattr(mod, name, self._wrap(name, obj))
+
+    def _wrap(self, name, kernel):
+        log = self
+
+        def launch(grid, *args, **kwargs):
+            log.names.append(name)
+            log.inside = True
+            try:
+                return kernel[grid](*args, **kwargs)
+            finally:
+                log.inside = False
+
+        class Logged:
+            def __getitem__(self, grid):
+                return lambda *args, **kwargs: launch(grid, *args, **kwargs)
+        return Logged()
+
+
+def test_draft_step_is_two_launches_with_no_fill_copy_or_sync(monkeypatch):
+    """Host work per draft token: `torch.empty` and two kernel launches, nothing that would launch
+    a fill or copy kernel or wait for the device."""
+    from torch.overrides import TorchFunctionMode
+
+    from drift_kernels import step
+    case = make_step_case(2, 123, 48, 8, 300, 4, torch.float16, seed=1)
+    h, z, keys, valid, support, bias = (_to(x, KERNEL_DEVICE) for x in case)
+    forbidden = {"full", "zeros", "ones", "full_like", "zeros_like", "clone", "contiguous", "copy_", "fill_",
+                 "item", "to", "cpu", "cuda", "tolist", "nonzero", "synchronize", "__bool__", "masked_fill"}
+    for sup, table in [(support, bias), (None, torch.randn(123, 300, device=KERNEL_DEVICE))]:
+        log = KernelLog(monkeypatch)
+        calls = []
+
+        class HostOps(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if not log.inside:
+                    calls.append(getattr(func, "__name__", str(func)))
+                return func(*args, **(kwargs or {}))
+
+        with HostOps():
+            step.draft_step(h, z, keys, valid, sup, table, 4, 0.4, 0.7)
+        assert log.names == ["_tile_topk_kernel", "_merge_sparse_bias_kernel" if sup is not None
+                             else "_merge_dense_bias_kernel"]
+        assert step.LAUNCHES_PER_STEP == len(log.names)
+        assert "empty" in calls
+        assert not forbidden & set(calls), sorted(forbidden & set(calls))
+
+
+@pytest.mark.parametrize("m", [4, 0])
+def test_warm_up_launches_every_kernel_of_the_drift_method(monkeypatch, m):
+    log = KernelLog(monkeypatch)
+    launches = drift_kernels.warm_up(KERNEL_DEVICE, d=24, m=m, k=2, dtype=torch.float32, bank_size=40, vocab=50,
+                                     positions=2)
+    assert launches == len(log.names) > 0
+    merge = "_merge_sparse_bias_kernel" if m else "_merge_dense_bias_kernel"
+    assert set(log.names) == {"_tile_topk_kernel", merge, "_merge_kernel", "_update_kernel"}
+    # N 40 with BLOCK_N 16 and k 2: one candidate block; the update at 1 and 2 positions
+    assert log.names.count("_update_kernel") == 2
+
+
+def test_warm_up_is_a_no_op_off_the_triton_path(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert drift_kernels.warm_up("cpu", d=24, m=4, k=2, dtype=torch.float32) == 0

@@ -19,7 +19,7 @@ def micro():
 def test_vanilla_equals_ar_on_trained_micro_pair(micro, gamma):
     cfg = BenchConfig(scenario="indist", split="dev", max_prompts=3, max_new_tokens=40, gamma=gamma)
     stream = load_stream(cfg, micro.pair.tokenizer, resolve_scenario(cfg))
-    runs, _ = run_methods(["ar", "vanilla"], micro, stream, cfg)
+    runs, _, _ = run_methods(["ar", "vanilla"], micro, stream, cfg)
     m = summarise(runs, cfg)
     assert m["vanilla"]["ar_match_rate"] == 1.0
     assert m["vanilla"]["acceptance_rate"] > 0.0            # a trained pair agrees some of the time

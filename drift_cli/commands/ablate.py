@@ -17,9 +17,9 @@ from pathlib import Path
 
 import click
 
-from drift_cli import interrupt, knobs
+from drift_cli import knobs
 from drift_cli.commands.options import NOT_IN_ABLATE, ablate_options, run_options
-from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
+from drift_cli.console import ProgressCallback, emit, exit_unless_complete, rich_progress, stdout_console
 from drift_cli.drift.config import DriftConfig, DriftFiles
 from drift_cli.engine.gamma import GAMMA_POLICIES, GammaConfig
 from drift_cli.errors import BadInput
@@ -130,8 +130,8 @@ def run_ablation(cfg, axis: str, values: list, progress=None, methods: list[str]
 
     entries = bench.method_entries(["ar", "vanilla"])
     entries += [bench.Entry(label(axis, v), build_at(v), optional=True) for v in values]
-    runs, skipped = bench.run_entries(entries, models, stream, cfg, progress)
-    methods = bench.summarise(runs, cfg)
+    runs, skipped, failed = bench.run_entries(entries, models, stream, cfg, progress)
+    methods = bench.summarise(runs, cfg, failed=failed)
     rows = [ablation_row(value, methods.get(label(axis, value)), skipped.get(label(axis, value))) for value in values]
     run = bench.envelope(cfg, f"ablate-{axis}", models, stream, runs, methods)
     run["ablation"] = {"axis": axis, "option": ax.option, "values": values, "rows": rows,
@@ -143,8 +143,8 @@ def run_ablation(cfg, axis: str, values: list, progress=None, methods: list[str]
 def run_gamma_ablation(cfg, values: list[str], methods: list[str], models, stream, progress=None):
     from drift_cli import bench
 
-    runs, skipped = bench.run_entries(gamma_entries(cfg, methods, values), models, stream, cfg, progress)
-    summary = bench.summarise(runs, cfg)
+    runs, skipped, failed = bench.run_entries(gamma_entries(cfg, methods, values), models, stream, cfg, progress)
+    summary = bench.summarise(runs, cfg, failed=failed)
     rows = [{"method": m, **ablation_row(v, summary.get(label(GAMMA_AXIS, v, m)), skipped.get(label(GAMMA_AXIS, v, m)))}
             for m in methods for v in values]
     run = bench.envelope(cfg, f"ablate-{GAMMA_AXIS}", models, stream, runs, summary)
@@ -156,6 +156,8 @@ def run_gamma_ablation(cfg, values: list[str], methods: list[str], models, strea
 def ablation_row(value, m: dict | None, skipped: str | None) -> dict:
     if m is None:
         return {"value": value, "skipped": skipped or "not run"}
+    if "error" in m:                                  # the method raised (bench.error_rows)
+        return {"value": value, "error": m["error"]}
     report = m.get("report", {})
     return {"value": value, **{k: m.get(k) for k in ("acceptance_rate", "mean_accepted_length", "speedup",
                                                       "speedup_ci95", "overhead_pct", "convergence_steps")},
@@ -173,7 +175,8 @@ def plot_ablation(run: dict, path: Path) -> None:
     ab = run["ablation"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     for method in ab.get("methods", ["drift"]):
-        rows = [r for r in ab["rows"] if "skipped" not in r and r.get("method", "drift") == method]
+        rows = [r for r in ab["rows"] if "skipped" not in r and "error" not in r
+                and r.get("method", "drift") == method]
         xs = [str(r["value"]) for r in rows]
         a1.plot(xs, [r["acceptance_rate"] for r in rows], marker="o", label=method)
         a2.plot(xs, [r["speedup"] for r in rows], marker="o", label=method)
@@ -210,8 +213,9 @@ def ablation_table(run: dict):
         t.add_column(col, justify="right")
     for r in ab["rows"]:
         head = [r["method"]] if by_method else []
-        if "skipped" in r:
-            t.add_row(*head, str(r["value"]), f"skipped: {r['skipped']}", *[""] * (len(cols) - len(head) - 2))
+        if "skipped" in r or "error" in r:
+            why = f"skipped: {r['skipped']}" if "skipped" in r else f"failed: {r['error']['type']}"
+            t.add_row(*head, str(r["value"]), why, *[""] * (len(cols) - len(head) - 2))
             continue
         mem, ci, tc = r.get("memory_bytes"), r.get("speedup_ci95"), r.get("target_change") or {}
         t.add_row(*head, str(r["value"]), _f(r["acceptance_rate"]), _f(r["mean_accepted_length"], "{:.2f}"),
@@ -279,5 +283,4 @@ def ablate(axis, values, sweep_methods, as_json, **opts) -> None:
         console = stdout_console()
         console.print(f"→ {path}")
         console.print(ablation_table(run))
-    if not run["complete"]:
-        interrupt.exit_incomplete(path)
+    exit_unless_complete(run, path)

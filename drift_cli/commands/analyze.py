@@ -15,9 +15,8 @@ from pathlib import Path
 
 import click
 
-from drift_cli import interrupt
 from drift_cli.commands.options import NOT_IN_ANALYZE, drift_options, run_options
-from drift_cli.console import ProgressCallback, emit, rich_progress, stdout_console
+from drift_cli.console import ProgressCallback, emit, exit_unless_complete, rich_progress, stdout_console
 from drift_cli.errors import BadInput
 
 
@@ -35,10 +34,10 @@ def run_analysis(cfg, limit: int, with_drift: bool, progress=None) -> tuple[dict
     entries = [bench.Entry("vanilla", lambda ctx: probe)]
     if with_drift:
         entries.append(bench.Entry("drift", DriftMethod.build))
-    runs, _ = bench.run_entries(entries, models, stream, cfg, progress)
+    runs, _, failed = bench.run_entries(entries, models, stream, cfg, progress)
     run = bench.envelope(cfg, "analyze-residuals", models, stream, runs,
                          {name: metrics.method_metrics(r, cfg.gamma, None, greedy=cfg.temperature == 0.0)
-                          for name, r in runs.items()}, max_residuals=limit)
+                          for name, r in runs.items()} | bench.error_rows(failed), max_residuals=limit)
     run["analysis"] = {
         "spectrum": spectrum(probe.recorder.rows),
         "acceptance_by_entropy": {name: metrics.acceptance_by_entropy(r.steps) for name, r in runs.items()},
@@ -160,5 +159,4 @@ def residuals(max_residuals, with_drift, as_json, **opts) -> None:
         console.print(f"→ {path}")
         for t in analysis_tables(run):
             console.print(t)
-    if not run["complete"]:
-        interrupt.exit_incomplete(path)
+    exit_unless_complete(run, path)

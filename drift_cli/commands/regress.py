@@ -63,7 +63,7 @@ def check_pair_options(fn):
 def pin(methods, scenario, corpus, split, max_prompts, max_new_tokens, gamma, temperature, seed, dtype, out, as_json,
         zoo, draft, target, device) -> None:
     """Measure the pair's acceptance on a fixed regression stream and write a baseline."""
-    from drift_cli.atomic import check_output_target
+    from drift_cli.atomic import check_output_target, refuse_inputs
     from drift_cli.regress import default_baseline_path, pin as run_pin, write_baseline
     from drift_cli.results import check_writable
 
@@ -75,6 +75,7 @@ def pin(methods, scenario, corpus, split, max_prompts, max_new_tokens, gamma, te
     cfg.method_names()
     cfg.bench_config()
     path = check_output_target(out or default_baseline_path(cfg), "--out")
+    refuse_inputs(path, [("--corpus", corpus), ("--draft", draft), ("--target", target)], "--out")
     check_writable(path.parent)
     with rich_progress() as progress:
         baseline = run_pin(cfg, ProgressCallback(progress))

@@ -31,6 +31,15 @@ def _suite_args(fn):
     return fn
 
 
+def suite_inputs(suite_file: Path, root: Path, suite) -> list[tuple[str, Path]]:
+    """What a suite command reads: its suite file and each finished cell's run.json."""
+    from drift_cli.suite import store
+
+    done = store.finished_cells(root) if Path(root).is_dir() else {}
+    return [("the suite file", suite_file)] + [(f"the run.json of cell {c.key}", done[c.key] / "run.json")
+                                               for c in suite.cells if c.key in done]
+
+
 def _load(suite_file: Path, overrides: tuple[str, ...], out: Path, quick: bool = False):
     from drift_cli.suite.spec import load_suite, parse_override
     from drift_cli.suite.store import suite_dir
@@ -170,12 +179,14 @@ def report(suite_file, out, overrides, quick, as_json, claims, claims_out, only,
 
         suite = select_cells(suite, parse_only(only))
     if claims:
+        from drift_cli.atomic import refuse_inputs
         from drift_cli.results import check_writable
         from drift_cli.suite.claims import load_claims, write_claims
 
         spec = load_claims(suite)            # a suite without claims fails before anything is read
         target = claims_out or spec.out
         check_writable(Path(target).parent)
+        refuse_inputs(target, suite_inputs(suite_file, root, suite), "--claims-out" if claims_out else "[claims] out")
         selection = "".join(f" --only {o}" for o in only) + "".join(f" --claim {c}" for c in claim_ids)
         path = write_claims(suite, root, target, quick, claim_ids, selection)
     else:
@@ -197,7 +208,7 @@ def report(suite_file, out, overrides, quick, as_json, claims, claims_out, only,
               help="where to write (default: OUT/<suite name>/cells.csv or cells.parquet)")
 def export(suite_file, out, overrides, quick, as_json, fmt, file) -> None:
     """The finished cells as one table: a row per cell and method, a column per setting and metric."""
-    from drift_cli.atomic import check_output_target
+    from drift_cli.atomic import check_output_target, refuse_inputs
     from drift_cli.export import suite_rows, write_rows
     from drift_cli.suite import store
 
@@ -206,6 +217,7 @@ def export(suite_file, out, overrides, quick, as_json, fmt, file) -> None:
     if not runs:
         raise BadInput(f"no finished cells of suite {suite.name} under {out} (run `drift suite run {suite_file}` first)")
     target = check_output_target(file or root / f"cells.{fmt}", "--file")
+    refuse_inputs(target, suite_inputs(suite_file, root, suite), "--file")
     rows = suite_rows(({"suite": suite.name, "key": c.key, "coords": dict(c.coords)}, runs[c.key])
                       for c in suite.cells if c.key in runs)
     path = write_rows(rows, fmt, target)

@@ -121,8 +121,11 @@ class DriftBank:
             return (out[1] if cpu.step(h, z, out[0]) else z), None
         if self.n_valid == 0:
             return z, None
-        nb = self.retrieve(h)
-        return (self.adjust(z, nb) if self.cfg.gain != 0.0 else z), nb
+        if self.cfg.gain == 0.0:
+            return z, self.retrieve(h)
+        hi = self.hi                 # one fused op: two Triton launches on CUDA (drift_kernels.step)
+        return drift_kernels.draft_step(h, z, self.keys[:hi], self.valid[:hi], self.support, self.bias,
+                                        self.cfg.neighbors, self.cfg.sigma, self.cfg.gain, backend=self.backend)
 
     def drafted(self, b: int, steps: int) -> Neighbours | None:
         """The CPU path's recorded retrievals of the first `steps` draft steps, [b·steps, k]

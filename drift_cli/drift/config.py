@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from drift_cli import knobs
 from drift_cli.errors import require
@@ -83,7 +83,11 @@ class DriftConfig(Settings):
 
 @dataclass(frozen=True)
 class DriftFiles(Settings):
-    """DRIFT's snapshot files (not part of the bank's configuration)."""
+    """DRIFT's snapshot files (not part of the bank's configuration). Read by the `drift` method
+    alone: a hybrid whose model source is DRIFT keeps its bank to itself (two methods of one run
+    never read or write one bank file)."""
+
+    method_only: ClassVar[bool] = True         # not read by a method that runs drift as its source
 
     bank_in: Path | None = knob(None, "--bank-in", "DRIFT: warm-start from a bank snapshot", kind=Path)
     bank_out: Path | None = knob(None, "--bank-out", "DRIFT: save the bank(s) after the stream", kind=Path)

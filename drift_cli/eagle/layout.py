@@ -25,6 +25,7 @@ means EAGLE-3, `layers.0.*` with `fc.weight` EAGLE-1. A leading `model.` on the 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -67,7 +68,20 @@ def safetensors_shapes(file: Path) -> dict[str, list[int]]:
             raise BadInput(f"{file} is not a safetensors file (its header is not JSON)") from None
     if not isinstance(header, dict):
         raise BadInput(f"{file} is not a safetensors file (its header is not a JSON object)")
-    return {k: list(v.get("shape", [])) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+    shapes = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
+            raise BadInput(f"{file} is not a safetensors file (tensor {name}: shape {shape!r} is not a list of "
+                           f"sizes)")
+        shapes[name] = shape
+    return shapes
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def weight_shapes(path: Path) -> dict[str, list[int]] | None:
@@ -78,10 +92,13 @@ def weight_shapes(path: Path) -> dict[str, list[int]] | None:
     return {strip_prefix(n): shape for f in files for n, shape in safetensors_shapes(f).items()}
 
 
-def detect_kind(config: dict, names: dict[str, list[int]] | None) -> str | None:
+def detect_kind(config: dict, names: dict[str, list[int]] | None, where: str = "config.json") -> str | None:
     """"eagle", "eagle3" or None (not a head) from the architecture name, else the weight names
     (and shapes: EAGLE-1's fc takes 2d)."""
-    for arch in config.get("architectures") or []:
+    archs = config.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise BadInput(f"{where}: architectures must be a list of names, got {archs!r}")
+    for arch in archs:
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch]
     if names is None:
@@ -102,7 +119,7 @@ def resolve_kind(path: str | Path, requested: str) -> str:
         if requested != "auto":
             raise BadInput(f"--draft-kind {requested}: {p} is not a head checkpoint directory (no config.json)")
         return MODEL
-    found = detect_kind(read_config(p), weight_shapes(p))
+    found = detect_kind(read_config(p), weight_shapes(p), str(p / "config.json"))
     if requested == "auto":
         return found or MODEL
     if found is None:
@@ -113,13 +130,47 @@ def resolve_kind(path: str | Path, requested: str) -> str:
     return found
 
 
-def aux_layers(config: dict, target_layers: int) -> tuple[int, ...]:
+def aux_layers(config: dict, target_layers: int, where: str = "config.json") -> tuple[int, ...]:
     """The target hidden-state indices an EAGLE-3 head fuses (the config's, else (2, L // 2, L - 3))."""
-    eagle = config.get("eagle_config") or {}
-    ids = (eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None) \
-        or config.get("eagle_aux_hidden_state_layer_ids")
+    eagle = config.get("eagle_config", {})
+    if not isinstance(eagle, dict):
+        raise BadInput(f"{where}: eagle_config must be a JSON object, got {eagle!r}")
+    key = "eagle_aux_hidden_state_layer_ids"
+    ids = eagle[key] if eagle.get(key) is not None else config.get(key)
     if ids is None:
         return (2, target_layers // 2, target_layers - 3)
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise BadInput(f"eagle_aux_hidden_state_layer_ids must be a list of integers, got {ids!r}")
+    if not isinstance(ids, list) or not ids or not all(_is_int(i) for i in ids):
+        raise BadInput(f"{where}: {key} must be a non-empty list of integers, got {ids!r}")
     return tuple(ids)
+
+
+# config.json fields a head reads: (name, what it must be, the check). Absent fields keep
+# Llama's defaults; present ones must be of their JSON type, so a string or a fraction never
+# reaches a size, and a size nobody could allocate is caught by the weight shapes it must match.
+_SIZE = ("a positive integer", lambda x: _is_int(x) and x > 0)
+_POSITIVE = ("a positive finite number", lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+             and math.isfinite(x) and x > 0)
+HEAD_FIELDS = {
+    "hidden_size": _SIZE, "intermediate_size": _SIZE, "num_attention_heads": _SIZE, "num_key_value_heads": _SIZE,
+    "head_dim": _SIZE, "max_position_embeddings": _SIZE, "vocab_size": _SIZE, "num_hidden_layers": _SIZE,
+    "target_hidden_size": _SIZE, "draft_vocab_size": _SIZE, "rope_theta": _POSITIVE, "rms_norm_eps": _POSITIVE,
+    "hidden_act": ("an activation name", lambda x: isinstance(x, str)),
+}
+
+
+def check_head_config(path: Path, config: dict) -> None:
+    """Refuse (one line) a head config.json field of the wrong type or value, before anything is built."""
+    for name, (what, ok) in HEAD_FIELDS.items():
+        if name in config and config[name] is not None and not ok(config[name]):
+            raise BadInput(f"head {path}: config.json {name} must be {what}, got {config[name]!r}")
+    for name in ("rope_scaling", "rope_parameters"):
+        rope = config.get(name)
+        if rope is not None and not isinstance(rope, dict):
+            raise BadInput(f"head {path}: config.json {name} must be a JSON object, got {rope!r}")
+        theta = (rope or {}).get("rope_theta")
+        if theta is not None and not _POSITIVE[1](theta):
+            raise BadInput(f"head {path}: config.json {name}.rope_theta must be {_POSITIVE[0]}, got {theta!r}")
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if heads and kv and heads % kv:
+        raise BadInput(f"head {path}: config.json num_attention_heads {heads} is not a multiple of "
+                       f"num_key_value_heads {kv}")

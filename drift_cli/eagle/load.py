@@ -19,16 +19,19 @@ from pathlib import Path
 
 import torch
 
-from drift_cli.eagle.layout import NAMES, aux_layers, detect_kind, read_config, strip_prefix
+from drift_cli.eagle.layout import NAMES, aux_layers, check_head_config, detect_kind, read_config, strip_prefix
 from drift_cli.eagle.modules import Eagle1Head, Eagle3Head, EagleHead, TargetParts
 from drift_cli.engine.head import VOCAB_SUBSET_KEY
-from drift_cli.errors import BadInput
+from drift_cli.errors import BadInput, one_line
+from drift_cli.weights import refuse_non_finite
 
 ARCHITECTURE = {"eagle": "LlamaForCausalLMEagle", "eagle3": "LlamaForCausalLMEagle3"}
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """name -> tensor (CPU) of every safetensors file, else of pytorch_model.bin; `model.` dropped."""
+    """name -> tensor (CPU) of every safetensors file, else of pytorch_model.bin; `model.` dropped.
+    A .bin is read with torch's weights-only unpickler (never arbitrary objects), quietly; one that
+    holds anything but tensors, and any non-finite weight, is refused naming the file or tensor."""
     files = sorted(path.glob("*.safetensors"))
     out: dict[str, torch.Tensor] = {}
     try:
@@ -38,14 +41,34 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
             for f in files:
                 out.update(load_file(str(f)))
         elif (path / "pytorch_model.bin").is_file():
-            out = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+            out = _read_bin(path / "pytorch_model.bin")
         else:
             raise BadInput(f"head {path} has no weights (*.safetensors or pytorch_model.bin)")
     except BadInput:
         raise
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad checkpoint
-        raise BadInput(f"head {path}: cannot read its weights: {str(e).splitlines()[0]}") from e
-    return {strip_prefix(k): v for k, v in out.items()}
+        raise BadInput(f"head {path}: cannot read its weights: {one_line(e)}") from e
+    out = {strip_prefix(k): v for k, v in out.items()}
+    refuse_non_finite(out.items(), f"head {path}")
+    return out
+
+
+def _read_bin(file: Path) -> dict[str, torch.Tensor]:
+    """A pytorch_model.bin of tensors only: torch's weights-only unpickler, its warnings silenced."""
+    import pickle
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise BadInput(f"{file} holds pickled objects that are not tensors; it is not unpickled "
+                       f"(save the head as safetensors)") from None
+    if not isinstance(out, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                            for k, v in out.items()):
+        raise BadInput(f"{file} is not a mapping of weight names to tensors")
+    return out
 
 
 def head_config(raw: dict, vocab: int, layers: int = 1):
@@ -57,8 +80,21 @@ def head_config(raw: dict, vocab: int, layers: int = 1):
     try:
         config = LlamaConfig(**keep, vocab_size=vocab, num_hidden_layers=layers)
     except Exception as e:  # noqa: BLE001
-        raise BadInput(f"head config.json is not a Llama-style config: {str(e).splitlines()[0]}") from e
+        raise BadInput(f"head config.json is not a Llama-style config: {one_line(e)}") from e
+    from transformers.activations import ACT2FN
+
+    if config.hidden_act not in ACT2FN:
+        raise BadInput(f"head config.json hidden_act {config.hidden_act!r} is not an activation transformers knows")
     return config
+
+
+def _check_sizes(path: Path, weights: dict, prefix: str, config, d_in: int) -> None:
+    """The first layer's attention and MLP weights against the config's sizes, before the head is
+    built (a config size that fits no weight is refused before anything is allocated)."""
+    d, hd = config.hidden_size, config.head_dim
+    _need(path, weights, prefix + "self_attn.q_proj.weight", (config.num_attention_heads * hd, d_in))
+    _need(path, weights, prefix + "self_attn.k_proj.weight", (config.num_key_value_heads * hd, d_in))
+    _need(path, weights, prefix + "mlp.gate_proj.weight", (config.intermediate_size, d))
 
 
 def _need(path: Path, weights: dict, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
@@ -83,7 +119,10 @@ def draft_vocabulary(path: Path, weights: dict, draft_vocab: int, vocab: int) ->
         if draft_vocab != vocab:
             raise BadInput(f"head {path}: a draft vocabulary of {draft_vocab} tokens needs d2t (the target has {vocab})")
         return None
-    d2t = weights["d2t"].long()
+    d2t = weights["d2t"]
+    if d2t.is_floating_point() and not bool((d2t == d2t.round()).all()):
+        raise BadInput(f"head {path}: d2t holds fractional values (it maps draft ids to token offsets)")
+    d2t = d2t.long()
     if tuple(d2t.shape) != (draft_vocab,):
         raise BadInput(f"head {path}: d2t has shape {list(d2t.shape)}, its draft vocabulary {draft_vocab} entries")
     ids = torch.arange(draft_vocab) + d2t
@@ -114,7 +153,7 @@ def _load_state(head: EagleHead, path: Path, weights: dict) -> None:
 def _eagle3(path: Path, raw: dict, weights: dict, target: torch.nn.Module) -> Eagle3Head:
     layers, d_t, vocab = _target_shape(target)
     _check_vocab(path, raw, vocab)
-    aux = aux_layers(raw, layers)
+    aux = aux_layers(raw, layers, f"head {path}: config.json")
     for k in aux:
         if not 0 <= k < layers:
             raise BadInput(f"head {path}: aux layer id {k} is not a layer of the {layers}-layer target (0..{layers - 1})")
@@ -127,6 +166,7 @@ def _eagle3(path: Path, raw: dict, weights: dict, target: torch.nn.Module) -> Ea
     if not own_embed and d != d_t:
         raise BadInput(f"head {path}: hidden size {d} does not fit the target's {d_t} (it reads the target's embeddings)")
     _need(path, weights, "fc.weight", (d, len(aux) * d_t))
+    _check_sizes(path, weights, "midlayer.", config, 2 * d)
     lm_head = _need(path, weights, "lm_head.weight")
     draft_vocab = int(raw.get("draft_vocab_size") or lm_head.shape[0])
     _need(path, weights, "lm_head.weight", (draft_vocab, d))
@@ -155,13 +195,17 @@ def _eagle3(path: Path, raw: dict, weights: dict, target: torch.nn.Module) -> Ea
 def _eagle1(path: Path, raw: dict, weights: dict, target: torch.nn.Module) -> Eagle1Head:
     layers, d_t, vocab = _target_shape(target)
     _check_vocab(path, raw, vocab)
-    n = int(raw.get("num_hidden_layers") or 1)
+    held = len({name.split(".")[1] for name in weights if name.startswith("layers.")})
+    n = raw.get("num_hidden_layers") or 1
+    if n != held:
+        raise BadInput(f"head {path}: config.json num_hidden_layers {n} but its weights hold {held} layers")
     config = head_config(raw, vocab, n)
     d = config.hidden_size
     if d != d_t:
         raise BadInput(f"head {path}: hidden size {d} does not fit the target's {d_t} (EAGLE-1 reads the target's "
                        f"final state)")
     _need(path, weights, "fc.weight", (d, 2 * d))
+    _check_sizes(path, weights, "layers.0.", config, d)
     setattr(config, VOCAB_SUBSET_KEY, None)
     head = Eagle1Head(config, (layers,), TargetParts(target.get_input_embeddings(), target.get_output_embeddings()),
                       "fc.bias" in weights, "lm_head.weight" in weights)
@@ -183,8 +227,9 @@ def load_head(path: str | Path, target: torch.nn.Module, kind: str = "auto", dev
     kind: auto (from the checkpoint), eagle or eagle3 (must match it). BadInput when it does not fit."""
     p = Path(path).expanduser()
     raw = read_config(p)
+    check_head_config(p, raw)
     weights = read_weights(p)
-    found = detect_kind(raw, {k: list(v.shape) for k, v in weights.items()})
+    found = detect_kind(raw, {k: list(v.shape) for k, v in weights.items()}, str(p / "config.json"))
     if found is None:
         raise BadInput(f"{p} is not an EAGLE head (no EAGLE architecture in config.json, no fc/midlayer weights)")
     if kind not in ("auto", found):

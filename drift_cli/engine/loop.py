@@ -32,6 +32,7 @@ import torch
 from drift_cli import interrupt
 from drift_cli.engine.acceptance import accept_greedy, accept_sampling
 from drift_cli.engine.gamma import CostProfile, GammaConfig, GammaController, controller as gamma_controller
+from drift_cli.engine.graphs import prepare_policy
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.sampling import Sampler
 from drift_cli.engine.timing import IterationClock
@@ -361,6 +362,7 @@ class StreamRun:
     wall_ms: float = 0.0         # the whole stream: prefills, iterations, admissions
     batch_size: int = 1
     cost_profile: CostProfile | None = None   # the stream's measured costs (DecodeConfig.cost_profile)
+    warmup_ms: float = 0.0       # graph capture for this policy before the stream (untimed; 0 on the eager path)
 
     @property
     def steps(self) -> list[StepRecord]:
@@ -385,13 +387,19 @@ def run_stream(
     """
     gen = torch.Generator(device=target.device).manual_seed(cfg.seed)
     sampler = Sampler(cfg.temperature, cfg.top_p, gen)
+    # CUDA graphs of this policy's draft (and the target's widths) are captured here, untimed
+    slots = max(1, min(cfg.batch_size, len(stream.prompts)))
+    warmup = sum(prepare_policy(lm, policy, slots, cfg.gamma) for lm in [target] + ([switch[1]] if switch else []))
     policy.begin_stream()
     controller = cfg.controller() if policy.drafts else GammaController(0)
     out: list[Generation] = []
     complete = True
     total = len(stream.prompts)
     t0 = time.perf_counter()
-    tick = (lambda done: on_prompt(done, total)) if on_prompt is not None else None
+    # on_prompt(prompts done, total, output tokens so far): the progress line's tokens/s
+    tick = (lambda done: on_prompt(done, total, sum(len(g.output_ids) for g in out))) if on_prompt is not None else None
+    if tick is not None:
+        tick(0)                                   # the stream's start: progress times it from here
     try:
         parts = [(target, list(enumerate(stream.prompts)))]
         if switch is not None:                      # the rows drain before the new target takes over
@@ -408,4 +416,4 @@ def run_stream(
     report = policy.report()
     if cfg.gamma_policy.policy != "fixed" and policy.drafts:
         report = {**report, "gamma_controller": {"policy": controller.name, **controller.report()}}
-    return StreamRun(policy.name, out, complete, report, wall, max(1, cfg.batch_size), cfg.cost_profile)
+    return StreamRun(policy.name, out, complete, report, wall, max(1, cfg.batch_size), cfg.cost_profile, warmup)

@@ -141,5 +141,8 @@ def with_sources(names: set[str], options: dict[str, Any]) -> set[str]:
 
 
 def owners(cls: type) -> list[str]:
-    """The registered methods that read settings class `cls` (the γ controller's: every method)."""
+    """The registered methods that read settings class `cls` (the γ controller's: every method
+    that drafts, which is every method but `ar`)."""
+    if cls is GammaConfig:
+        return [n for n in METHODS.names() if n != "ar"]
     return [n for n in METHODS.names() if cls in method_settings(n)]

@@ -13,19 +13,20 @@ from __future__ import annotations
 import torch
 
 from drift_cli.eagle import is_head
-from drift_cli.engine.lm import CausalLM
+from drift_cli.engine.graphs import make_lm
 from drift_cli.engine.policy import (DraftPolicy, Feedback, MethodContext, Proposal, Rows, as_rows,  # noqa: F401
                                      ragged)
 from drift_cli.engine.sampling import Sampler
 
 
 def draft_lm(draft: torch.nn.Module, name: str = "draft"):
-    """The draft LM that drives `draft`: a `HeadDrafter` for an EAGLE head, else a `CausalLM`."""
+    """The draft LM that drives `draft`: a `HeadDrafter` for an EAGLE head, else a `CausalLM` on
+    the device's engine path (`drift_cli.engine.graphs.make_lm`: CUDA graphs on a GPU)."""
     if is_head(draft):
         from drift_cli.eagle.drafter import HeadDrafter
 
         return HeadDrafter(draft, name)
-    return CausalLM(draft, name=name)
+    return make_lm(draft, name)
 
 
 class ModelDraftPolicy(DraftPolicy):

@@ -32,6 +32,7 @@ from drift_cli.drift.snapshot import load_bank, save_bank
 from drift_cli.engine.sampling import Sampler
 from drift_cli.errors import BadInput
 from drift_cli.methods.base import Feedback, MethodContext, ModelDraftPolicy, Proposal, Rows, as_rows
+import drift_kernels
 from drift_kernels import Neighbours
 
 DEFAULT_TENANT = "default"
@@ -96,6 +97,14 @@ class DriftMethod(ModelDraftPolicy):
         files = ctx.config(DriftFiles)
         return cls(ctx.draft, ctx.config(DriftConfig).validate(ctx.vocab_size), fingerprint=ctx.draft_fingerprint,
                    bank_in=files.bank_in, bank_out=files.bank_out)
+
+    def warm_up(self, rows: int, gamma: int) -> None:
+        """Compile the bank's GPU kernels at this run's shapes (rows drafting at once, up to γ
+        positions each per update) before the stream is timed; nothing to do on the CPU."""
+        if self.device.type == "cuda" and self.backend in ("auto", "triton"):
+            drift_kernels.warm_up(self.device, self.dim, self.cfg.support, self.cfg.neighbors, self.key_dtype,
+                                  bank_size=self.cfg.bank_size, vocab=self.lm.vocab_size, queries=rows,
+                                  positions=max(1, rows * gamma), adaptive=self.cfg.adaptive_rate)
 
     # -- banks ---------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ controller's in `drift_cli.engine.gamma`; `drift_cli.methods` says which method 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Collection
 
 from drift_cli.errors import BadInput
 from drift_cli.knobs import Settings, at_least, between, knob
@@ -79,24 +80,37 @@ class SuffixConfig(Settings):
 HYBRID_COPY = ("suffix", "pld")                          # drift_cli.methods.hybrid maps them to methods
 HYBRID_MODEL = ("drift", "vanilla", "offline", "osd")
 HYBRID_RULES = ("score", "length", "learned")
+LEARNING_MODELS = ("drift", "osd")                       # the model sources that learn (--hybrid-learn-copied)
 
 
 @dataclass(frozen=True)
 class HybridConfig(Settings):
     copy: str = knob("suffix", "--hybrid-copy", "hybrid: the copying source", choices=HYBRID_COPY)
     model: str = knob("drift", "--hybrid-model", "hybrid: the model source (its own settings apply unchanged)",
-                      choices=HYBRID_MODEL)
+                      choices=HYBRID_MODEL, selects="hybrid model source")
     rule: str = knob("score", "--hybrid-rule", "hybrid: when a row copies (score: the copying draft's expected "
                      "accepted length; length: its length; learned: its length under the row's running acceptance)",
-                     choices=HYBRID_RULES)
+                     choices=HYBRID_RULES, selects="hybrid rule")
     # the score and learned rules: copy when the expected accepted length is at least this (tuned on
     # the micro zoo's dev streams, docs/model_free.md)
     min_score: float = knob(0.75, "--hybrid-min-score", "hybrid: score/learned rules: copy when the copying draft's "
-                            "expected accepted length is at least this", ok=at_least(0.0), rule="must be >= 0 and finite")
+                            "expected accepted length is at least this", ok=at_least(0.0), rule="must be >= 0 and finite",
+                            needs=("rule", ("score", "learned")))
     # the length rule: copy when the copying draft has at least this many tokens
     min_length: int = knob(2, "--hybrid-min-length", "hybrid: length rule: copy when the copying draft has at "
-                           "least this many tokens", ok=at_least(1), rule="must be >= 1")
+                           "least this many tokens", ok=at_least(1), rule="must be >= 1", needs=("rule", "length"))
     # the model source also learns from the steps where copying proposed (a teacher-forced draft pass)
     learn_copied: bool = knob(False, "--hybrid-learn-copied", "hybrid: the model source also learns from copied "
                               "steps (a teacher-forced draft pass over them, timed as adaptation)",
-                              off_flag="--hybrid-no-learn-copied")
+                              off_flag="--hybrid-no-learn-copied", needs=("model", LEARNING_MODELS))
+
+    def check_gamma(self, gamma: int, given: Collection[str]) -> None:
+        """A copying draft holds at most --gamma tokens, so neither its length nor its expected
+        accepted length ever exceeds --gamma: a threshold above it (given: the option names the
+        user set) would never copy, and is refused."""
+        for name, flag, what in (("min_length", "--hybrid-min-length", "length"),
+                                 ("min_score", "--hybrid-min-score", "expected accepted length")):
+            value = getattr(self, name)
+            if f"hybrid_{name}" in given and value > gamma:
+                raise BadInput(f"{flag} {value} exceeds --gamma {gamma}: a copying draft's {what} is at most "
+                               f"--gamma, so the hybrid would never copy")

@@ -32,6 +32,7 @@ from the operands, and its mean and Student-t 95% CI over the repeats come from
 from __future__ import annotations
 
 import ast
+import math
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ DEFAULT_REPEAT = ("shuffle", "seed")
 SOURCES = {"000_fee7b5e6130b3396.txt": "Speculative Decoding Under Distribution Shift: DRIFT Recalibration",
            "004_43ee447c85fbbb1f.txt": "Draft-Model Distillation for Speculative Decoding"}
 DEFAULT_OUT = Path("docs/claims.md")
+CLAIMS_KEYS = ("columns", "repeat", "out")          # the keys of [claims]
 
 VERDICT_RULE = """\
 **The verdict rule.** Each claim is tested as one or more *parts*. A part names a figure (a
@@ -123,6 +125,9 @@ _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 _FUNCS = {"abs": abs, "min": min, "max": max}
 
 
+_ARITY = {"abs": (1, 1), "min": (2, None), "max": (2, None)}    # (fewest, most) arguments
+
+
 def _check_expr(node: ast.AST, names: set[str], where: str) -> None:
     ok = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.USub, ast.UAdd, ast.Constant, ast.Name, ast.Load, ast.Call,
           *_BINOPS)
@@ -131,8 +136,15 @@ def _check_expr(node: ast.AST, names: set[str], where: str) -> None:
             raise BadInput(f"{where}: figure may use + - * /, numbers, operand names and abs/min/max only")
         if isinstance(n, ast.Name) and n.id not in names and n.id not in _FUNCS:
             raise unknown(f"operand in {where}'s figure", n.id, sorted(names))
-        if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _FUNCS):
-            raise BadInput(f"{where}: figure may call abs, min and max only")
+        if isinstance(n, ast.Constant) and (isinstance(n.value, bool) or not isinstance(n.value, (int, float))):
+            raise BadInput(f"{where}: figure constant {n.value!r} is not a real number")
+        if isinstance(n, ast.Call):
+            if not (isinstance(n.func, ast.Name) and n.func.id in _FUNCS):
+                raise BadInput(f"{where}: figure may call abs, min and max only")
+            lo, hi = _ARITY[n.func.id]
+            if n.keywords or len(n.args) < lo or (hi is not None and len(n.args) > hi):
+                takes = f"{lo}" if lo == hi else f"{lo} or more"
+                raise BadInput(f"{where}: figure calls {n.func.id}() with {len(n.args)} argument(s); it takes {takes}")
 
 
 def evaluate(expr: str, values: dict[str, float]) -> float | None:
@@ -194,6 +206,8 @@ def _part(t: dict, where: str) -> Part:
         raise BadInput(f"{where}: figure {figure!r} is not an expression") from None
     _check_expr(tree, set(operands), where)
     threshold = float(_need(t, "threshold", (int, float), where))
+    if not math.isfinite(threshold):
+        raise BadInput(f"{where}: threshold must be a finite number, got {threshold}")
     if side in ("within", "outside") and threshold < 0:
         raise BadInput(f"{where}: a {side} threshold is a half-width, >= 0")
     return Part(str(t.get("label", figure)), figure, operands, side, threshold)
@@ -229,18 +243,51 @@ def parse_claims(raw: dict, path: Path) -> ClaimsSpec:
                             tuple(_part(p, f"{where} part {j + 1}") for j, p in enumerate(parts)),
                             _where(t["copying"], f"{where} copying") if "copying" in t else None,
                             str(t.get("pending", "")), str(t.get("note", "")), curve, bool(t.get("gain", False))))
+    extra = sorted(set(conf) - set(CLAIMS_KEYS))
+    if extra:
+        raise unknown(f"key in {path}'s [claims]", extra[0], CLAIMS_KEYS)
     repeat = conf.get("repeat", list(DEFAULT_REPEAT))
+    if isinstance(repeat, str):
+        repeat = [repeat]
+    if not (isinstance(repeat, list) and all(isinstance(a, str) for a in repeat)):
+        raise BadInput(f"{path}: [claims] repeat must be an axis name or a list of them, got {repeat!r}")
     columns = conf.get("columns", "zoo")
     if not (isinstance(columns, str) or (isinstance(columns, list) and columns and all(isinstance(c, str) for c in columns))):
         raise BadInput(f"{path}: [claims] columns must be a setting name or a list of them")
     columns = columns if isinstance(columns, str) else tuple(columns)
-    return ClaimsSpec(columns, tuple(repeat), Path(conf.get("out", DEFAULT_OUT)), tuple(claims))
+    out = conf.get("out", str(DEFAULT_OUT))
+    if not isinstance(out, str) or not out:
+        raise BadInput(f"{path}: [claims] out must be a file path, got {out!r}")
+    return ClaimsSpec(columns, tuple(repeat), Path(out), tuple(claims))
 
 
 def load_claims(suite: Suite) -> ClaimsSpec:
+    """The suite's claims, with [claims] repeat and columns checked against its axes and settings."""
     from drift_cli.scenarios.schema import read_toml
 
-    return parse_claims(read_toml(suite.path), suite.path)
+    raw = read_toml(suite.path)
+    spec = parse_claims(raw, suite.path)
+    conf = raw.get("claims", {})
+    for axis in spec.repeat if "repeat" in conf else ():
+        if axis not in suite.axes:
+            raise unknown(f"axis in {suite.path}'s [claims] repeat", axis, suite.axes)
+    if "columns" in conf:
+        known = _setting_names(suite)
+        for name in (spec.columns,) if isinstance(spec.columns, str) else spec.columns:
+            if name not in known:
+                raise unknown(f"setting in {suite.path}'s [claims] columns", name, sorted(known))
+    return spec
+
+
+def _setting_names(suite: Suite) -> set[str]:
+    """What a column may name: an axis, a setting of the cells or a method flag's option name."""
+    from dataclasses import fields
+
+    from drift_cli.bench_config import BenchConfig
+    from drift_cli.suite.spec import _method_knobs
+
+    return set(suite.axes) | {f.name for f in fields(BenchConfig)} | set(_method_knobs()) \
+        | {k for c in suite.cells for k in cell_labels(suite, c)}
 
 
 # --- reading the cells ---------------------------------------------------------------------------

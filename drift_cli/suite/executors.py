@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 from drift_cli import interrupt
 from drift_cli.atomic import atomic_write_json
-from drift_cli.errors import BadInput
+from drift_cli.errors import BadInput, failure_line, one_line
 from drift_cli.suite import store
 from drift_cli.suite.spec import Cell, Suite
 
@@ -29,15 +29,11 @@ Outcome = tuple[str, Any]          # ("ok", {"run", "steps", "wall_s", "host"}) 
 INTERRUPTED: Outcome = ("error", "interrupted: the run is incomplete")
 
 
-def one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 def execute_cell(settings: dict) -> Outcome:
     """One cell: a bench run. Never raises for the cell's own failures (they travel back as text)."""
     from drift_cli.bench import BenchConfig, run_bench
     from drift_cli.console import quiet_libraries
+    from drift_cli.results import method_errors
 
     quiet_libraries()
     t0 = time.perf_counter()
@@ -47,6 +43,9 @@ def execute_cell(settings: dict) -> Outcome:
         return "error", str(e)
     except Exception as e:  # noqa: BLE001 - reported per cell; the other cells go on
         return "error", one_line(e)
+    failed = method_errors(run)
+    if failed:           # a method that raised fails its cell, as it did before the others were kept
+        return "error", "; ".join(failure_line(name, error) for name, error in failed.items())
     if not run["complete"]:
         return INTERRUPTED
     return "ok", {"run": run, "steps": steps, "wall_s": time.perf_counter() - t0, "host": socket.gethostname()}

@@ -172,6 +172,8 @@ def parse_suite(path: Path, raw: dict) -> tuple[str, dict, list[tuple[str, list[
 
 def cell_key(settings: dict) -> str:
     keyed = {k: v for k, v in settings.items() if not (k in KEY_IF_SET and v == KEY_IF_SET[k])}
+    if keyed.get("dtype") == "auto":   # the default since --dtype auto; suites run on the CPU, where it is float32:
+        keyed["dtype"] = "float32"     # the keys of suites written before it stay unchanged
     if isinstance(keyed.get("options"), dict):
         keyed["options"] = {k: v for k, v in keyed["options"].items()
                             if not (k in KEY_IF_SET_OPTIONS and v == KEY_IF_SET_OPTIONS[k])}
@@ -222,7 +224,7 @@ def check_read(path: Path, cells: list[Cell]) -> None:
     for cell in cells:
         cfg = BenchConfig(**cell.settings)
         for key in list(given):
-            message = unread_option(BenchConfig(**{**cell.settings, "options": {key: cfg.options[key]}}))
+            message = unread_option(cfg, only=key)
             if message is None:
                 given.discard(key)
                 unread.pop(key, None)
