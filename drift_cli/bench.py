@@ -263,7 +263,8 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
             gc.freeze()
             try:
                 ecfg = replace(dcfg, gamma=entry.gamma[0], gamma_policy=entry.gamma[1]) if entry.gamma else dcfg
-                runs[entry.name] = run_stream(target, policy, stream, ecfg, on_prompt=tick, switch=switch)
+                runs[entry.name] = run_loaded(cfg, models, lambda: run_stream(target, policy, stream, ecfg,
+                                                                              on_prompt=tick, switch=switch))
             except BadInput:        # the user's input (a --bank-in file read as the stream starts): exit 2
                 raise
             except Exception as e:  # noqa: BLE001 - as above (a KeyboardInterrupt is no Exception)
@@ -286,6 +287,19 @@ def method_failed(name: str, e: Exception) -> MethodFailure:
     if debugging():
         print(f"method {name} failed:\n{failure.traceback}", file=sys.stderr, end="", flush=True)
     return failure
+
+
+def run_loaded(cfg: BenchConfig, models: Models, run: Callable[[], StreamRun]) -> StreamRun:
+    """run(), beside a neutral background load when --background-load asks for one (its CPU
+    seconds into the run's report as `background_load`)."""
+    if not cfg.background_load:
+        return run()
+    from drift_cli.engine.load import BackgroundLoad
+
+    with BackgroundLoad(models.pair.draft) as load:
+        out = run()
+    out.report = {**out.report, "background_load": load.report()}
+    return out
 
 
 def announce_finished(name: str) -> None:

@@ -96,6 +96,10 @@ class BenchConfig(Settings):
     # torch CPU threads; None: 1 on the CPU (see docs/engine.md)
     threads: int | None = knob(None, "--threads", "torch CPU threads (default 1 on the CPU)",
                                ok=between(1, MAX_THREADS), kind=int, rule=f"must be in [1, {MAX_THREADS}]")
+    # a neutral load on a second thread while each method runs (drift_cli/engine/load.py)
+    background_load: bool = knob(False, "--background-load", "run every method with a second thread busy doing "
+                                 "matmuls of the draft's shape (a neutral load, the fair budget against "
+                                 "osd --osd-async; its CPU seconds go into the method's report)")
     # decoding
     gamma: int = knob(4, "--gamma", "draft block size", ok=at_least(1), rule="must be >= 1")
     batch_size: int = knob(1, "--batch-size", "rows decoded together (continuous batching over the stream)",
@@ -149,6 +153,7 @@ class BenchConfig(Settings):
         if not unread_ok:
             check_unread_options(self, policies)
         check_bank_out(self)
+        check_worker_threads(self)
         self.target_change()
         check_device(self.device)               # last: it may ask torch (the others need none)
 
@@ -274,6 +279,15 @@ def check_unread_options(cfg: BenchConfig, policies: Collection[str] | None = No
     message = unread_option(cfg, policies)
     if message:
         raise BadInput(message)
+
+
+def check_worker_threads(cfg: BenchConfig) -> None:
+    """--osd-threads: torch's thread count is process-wide, so osd's worker thread runs with the
+    run's (--threads); another value cannot be honoured and is refused (docs/osd.md)."""
+    worker = cfg.options.get("osd_threads")
+    if worker is not None and worker != (cfg.threads or 1):
+        raise BadInput(f"--osd-threads {worker}: torch's thread count is process-wide, so the osd worker thread "
+                       f"runs with the run's --threads ({cfg.threads or 1}); give them equal")
 
 
 def check_bank_out(cfg: BenchConfig) -> None:

@@ -461,6 +461,9 @@ def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True, verify_rat
         "accepted_tokens": int(_sum(steps, "accepted")),
         "p50_step_ms": step_ms_quantile(steps, 0.5),
         "p99_step_ms": step_ms_quantile(steps, 0.99),
+        # the decoding thread's time over the stream's iterations (beside a second thread's CPU
+        # seconds: osd's worker_seconds, --background-load's)
+        "decode_seconds": _sum(steps, "total_ms") / 1e3,
         "batch_size": run.batch_size,
         "throughput_tokens_per_s": throughput_tokens_per_s(run.generations, run.wall_ms),
         "throughput_speedup": ratio(throughput_tokens_per_s(run.generations, run.wall_ms),

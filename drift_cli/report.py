@@ -69,6 +69,24 @@ def source_table(methods: dict[str, dict]) -> Table | None:
     return t
 
 
+def second_thread_table(methods: dict[str, dict]) -> Table | None:
+    """Methods with work on a second thread (osd --osd-async's worker, --background-load): its
+    CPU seconds beside the decoding thread's time, so that compute moved off the decode path is
+    not read as compute saved; None when no method has any."""
+    rows = [(name, m, m.get("report") or {}) for name, m in methods.items()
+            if "worker_seconds" in (m.get("report") or {}) or "background_load" in (m.get("report") or {})]
+    if not rows:
+        return None
+    t = Table(title="second thread (background training or load)", title_justify="left")
+    for col in ("method", "updates", "swaps", "staleness mean", "second thread CPU s", "decode s"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for name, m, r in rows:
+        cpu = r["worker_seconds"] if "worker_seconds" in r else r["background_load"]["seconds"]
+        t.add_row(name, _f(r.get("updates"), "{}"), _f(r.get("swaps"), "{}"), _f(r.get("staleness_mean"), "{:.2f}"),
+                  _f(cpu, "{:.2f}"), _f(m.get("decode_seconds"), "{:.2f}"))
+    return t
+
+
 def batch_curve_table(curve: dict) -> Table:
     """--batch-sizes: one row per (batch size, method)."""
     t = Table(title="batch-size curve (speedup and throughput vs ar at the same B)", title_justify="left")
@@ -92,6 +110,9 @@ def render_run(run: dict, console: Console, path: str | None = None) -> None:
     sources = source_table(run["methods"])
     if sources is not None:
         console.print(sources)
+    second = second_thread_table(run["methods"])
+    if second is not None:
+        console.print(second)
     if run.get("control"):
         console.print(method_table("indist control", run["control"]))
     s = run.get("stream", {})

@@ -339,6 +339,32 @@ def test_osd_on_a_head_updates_head_parameters_only(heads, kind):
     assert run.report["trained_parameters"] < sum(w.numel() for w in target.parameters())
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_async_osd_on_a_head_swaps_refills_and_stays_lossless(heads, reference, kind, batch):
+    """osd --osd-async on a head: the decoder waits (here, in the test) for the first version
+    once, so that a swap and its re-prefill of the rows' head caches certainly happen."""
+    import threading
+
+    policy = OnlineDistillation(heads[kind], OSDConfig(interval=2.0, steps=1, batch=4, background=True))
+    policy.begin_stream()
+    published = threading.Event()
+    policy.worker.on_publish = lambda w: published.set()
+    observe = policy.observe
+
+    def observing(feedback):
+        observe(feedback)
+        if policy.worker.stats.requested == 1:
+            assert published.wait(60)
+    policy.observe = observing
+    policy.begin_stream = lambda: None                         # keep the hooked worker
+    cfg = DecodeConfig(gamma=GAMMA, max_new_tokens=MAX_NEW, eos_id=EOS, batch_size=batch)
+    run = run_stream(CausalLM(heads["target"], "target"), policy, unit_stream(PROMPTS, MAX_NEW), cfg)
+    assert [g.output_ids for g in run.generations] == reference
+    assert run.report["swaps"] >= 1 and run.report["rebuild_ms_total"] > 0
+    assert not policy.worker.alive
+
+
 def test_a_head_restarts_each_stream_from_the_shared_head(heads):
     policy = OnlineDistillation(heads["eagle3"], OSDConfig(interval=1.0, steps=2, batch=4, lr=1e-2))
     cfg = DecodeConfig(gamma=GAMMA, max_new_tokens=MAX_NEW, eos_id=EOS)

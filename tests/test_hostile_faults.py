@@ -277,6 +277,36 @@ def test_a_signal_once_every_method_has_finished_keeps_the_run(pair, tmp_path, s
     assert got in ("incomplete", "complete"), (sig.name, got)
 
 
+@pytest.mark.faults
+@pytest.mark.subprocess
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_async_osd_trains_leaves_no_worker_and_keeps_the_run(pair, tmp_path, sig):
+    """osd --osd-async: the signal comes once the worker has started an update (the
+    DRIFT_OSD_UPDATES_FILE event). The process exits (a worker thread left alive would keep it
+    running), with 130/143, one line on stderr, and a run.json marked incomplete holding ar and
+    osd's finished prompts. (In-process, tests/test_osd_async.py interrupts inside an update.)"""
+    out, updates = tmp_path / "runs", tmp_path / "updates"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DRIFT_OSD_UPDATES_FILE": str(updates)}
+    argv = bench_argv(pair, out, "--methods", "osd", "--osd-async", "--osd-interval", "1", "--osd-steps", "50")
+    argv[argv.index("--max-prompts") + 1], argv[argv.index("--max-new-tokens") + 1] = "6", "48"
+    p = subprocess.Popen(DRIFT + argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while p.poll() is None and not updates.exists():
+        time.sleep(0.01)       # polling an event, bounded by the child's own run
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=600)
+    assert "Traceback" not in err, err
+    runs = _check_results(out)
+    if p.returncode == 0:      # the stream ended before the signal landed: the run is complete
+        assert runs and runs[0]["complete"] is True
+        return
+    assert p.returncode == 128 + sig, (p.returncode, err)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interrupted"), err
+    (run,) = runs
+    assert run["complete"] is False and "ar" in run["methods"] and "osd" in run["methods"]
+    assert run["methods"]["osd"]["complete"] is False
+
+
 # ---------------------------------------------------------------- crashes
 
 SHARED_CACHE = Path(os.environ.get("DRIFT_CACHE_DIR") or "~/.cache/drift-bench").expanduser()

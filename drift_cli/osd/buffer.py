@@ -19,6 +19,7 @@ the head do not change, so the trainer reads it instead of running the draft ove
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
@@ -98,18 +99,36 @@ def dense_target(entries: list[BufferEntry], vocab: int) -> torch.Tensor:
 
 
 class ReplayBuffer:
-    """Bounded FIFO of buffer entries; uniform sampling without replacement."""
+    """Bounded FIFO of buffer entries; uniform sampling without replacement.
+
+    `seen` counts the verification steps whose feedback the buffer has taken (set by the policy
+    with each `extend`). A background worker reads it through `snapshot` (under the lock the
+    decoder's `extend` takes), so a snapshot's entries and its `seen` belong together."""
 
     def __init__(self, capacity: int) -> None:
         self.entries: deque[BufferEntry] = deque(maxlen=capacity)
         self.added = 0
+        self.seen = 0
+        self.lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def extend(self, entries: list[BufferEntry]) -> None:
-        self.entries.extend(entries)
-        self.added += len(entries)
+    def extend(self, entries: list[BufferEntry], seen: int | None = None) -> None:
+        with self.lock:
+            self.entries.extend(entries)
+            self.added += len(entries)
+            if seen is not None:
+                self.seen = seen
+
+    def snapshot(self) -> "ReplayBuffer":
+        """A copy holding the same entries (shared, never written) and the same `seen`: what a
+        background update samples from while the decoder keeps extending this one."""
+        copy = ReplayBuffer(self.entries.maxlen or 1)
+        with self.lock:
+            copy.entries.extend(self.entries)
+            copy.added, copy.seen = self.added, self.seen
+        return copy
 
     def sample(self, n: int, generator: torch.Generator) -> list[BufferEntry]:
         picks = torch.randperm(len(self.entries), generator=generator)[:n].tolist()

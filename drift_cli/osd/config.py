@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from drift_cli.errors import BadInput
 from drift_cli.knobs import Settings, at_least, between, knob
 from drift_cli.methods.settings import divergence_knob
 
@@ -13,6 +14,7 @@ MAX_STEPS = 1000
 MAX_LR = 1.0
 MAX_CLIP = 1e6        # a norm beyond float32's comfort; 0 turns clipping off
 MAX_BUFFER = 2**31 - 1
+MAX_THREADS = 1024
 
 
 TRAINED = ("all", "last", "head")
@@ -49,7 +51,24 @@ class OSDConfig(Settings):
                       "(the last decoder layer, the final norm and the head) or head (the output head alone: "
                       "the KV cache stays valid, no re-prefill)", choices=TRAINED)
     divergence: str = divergence_knob()   # loss between the target's and the draft's distributions
+    # updates on a background worker thread that trains its own copy and publishes finished weights;
+    # the decoder swaps the newest in before a proposal (docs/osd.md, "Background distillation")
+    background: bool = knob(False, "--osd-async", "OSD: run updates on a background worker thread (its own copy "
+                            "of the trainable weights); the decoder swaps the newest finished weights in at an "
+                            "iteration boundary and never waits for an update")
+    # the worker's torch intra-op threads; None: the run's --threads (torch's count is process-wide:
+    # a worker thread cannot hold one of its own, so another value is refused; drift_cli/osd/worker.py)
+    threads: int | None = knob(None, "--osd-threads", "OSD: the background worker's torch threads (with "
+                               "--osd-async; torch's count is process-wide, so it must equal --threads, "
+                               "default 1)", kind=int, ok=between(1, MAX_THREADS),
+                               rule=f"must be in [1, {MAX_THREADS}]")
     weight_decay: float = 0.0    # AdamW decoupled weight decay (OSD's online path: HF Trainer default 0)
+
+    def validate(self) -> "OSDConfig":
+        super().validate()
+        if self.threads is not None and not self.background:
+            raise BadInput("--osd-threads sets the background worker's threads: it needs --osd-async")
+        return self
 
     @property
     def frozen(self) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -89,6 +90,10 @@ class UpdateStats:
     loss: list[float] = field(default_factory=list)         # per update: mean loss over its steps (before each step)
     grad_norm: list[float] = field(default_factory=list)    # per update: mean pre-clip gradient norm
     gradient_bytes: int = 0                                 # gradient buffers alive during an update
+    # the draft each proposal drew from: verification steps since the newest feedback its weights saw
+    staleness: list[int] = field(default_factory=list)      # per proposal
+    swaps: int = 0                                          # background: finished weights swapped in
+    swap_ms: list[float] = field(default_factory=list)      # background, per swap: the copy (decode path)
 
 
 class DraftTrainer:
@@ -99,10 +104,12 @@ class DraftTrainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
-    def update(self, buffer: ReplayBuffer, temperature: float, generator: torch.Generator) -> tuple[float, float, int]:
-        """cfg.steps AdamW steps; returns (mean loss, mean pre-clip grad norm, gradient bytes)."""
+    def update(self, buffer: ReplayBuffer, temperature: float, generator: torch.Generator,
+               go_on: Callable[[int], bool] | None = None) -> tuple[float, float, int]:
+        """cfg.steps AdamW steps; returns (mean loss, mean pre-clip grad norm, gradient bytes).
+        go_on(i), after step i: False ends the update there (a background worker told to stop)."""
         losses, norms, grad_bytes = [], [], 0
-        for _ in range(self.cfg.steps):
+        for i in range(self.cfg.steps):
             entries = buffer.sample(self.cfg.batch, generator)
             loss = batch_loss(self.model, entries, self.cfg.divergence, temperature)
             self.optimizer.zero_grad(set_to_none=True)
@@ -112,6 +119,8 @@ class DraftTrainer:
             grad_bytes = max(grad_bytes, sum(p.grad.nbytes for p in self.params if p.grad is not None))
             self.optimizer.step()
             losses.append(float(loss.detach()))
+            if go_on is not None and not go_on(i):
+                break
         self.optimizer.zero_grad(set_to_none=True)   # gradients live only during an update
         return sum(losses) / len(losses), sum(norms) / len(norms), grad_bytes
 
