@@ -165,7 +165,7 @@ unsafe fn rows(isa: Isa, p: &Problem<'_>, n0: usize, n1: usize, out: Out) {
         while m < p.m {
             let g = GROUP.min(p.m - m);
             let mut dots = [[0f32; GROUP]; ROWS];
-            block(isa, p, n, r, m, g, &mut dots);
+            block(isa, p, n, r, m, g, m == 0, &mut dots);
             for (i, row) in dots.iter().enumerate().take(r) {
                 let b = p.bias.map_or(0.0, |b| b[n + i]);
                 for (j, d) in row.iter().enumerate().take(g) {
@@ -178,18 +178,23 @@ unsafe fn rows(isa: Isa, p: &Problem<'_>, n0: usize, n1: usize, out: Out) {
     }
 }
 
-/// dots[i][j] = W[n + i] · x[m + j] for i < r, j < g.
+/// dots[i][j] = W[n + i] · x[m + j] for i < r, j < g; `prefetch`: also ask for the next block
+/// of W (the memory stream runs a block ahead of the arithmetic instead of alternating with it).
 #[inline(always)]
-fn block(isa: Isa, p: &Problem<'_>, n: usize, r: usize, m: usize, g: usize, dots: &mut [[f32; GROUP]; ROWS]) {
+#[allow(clippy::too_many_arguments)]
+fn block(isa: Isa, p: &Problem<'_>, n: usize, r: usize, m: usize, g: usize, prefetch: bool, dots: &mut [[f32; GROUP]; ROWS]) {
     let k = p.k;
     let w = &p.w[n * k..(n + r) * k];
     let x = &p.x[m * k..(m + g) * k];
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::dispatch_512(w, r, x, g, k, dots) },
+        Isa::Avx512 => unsafe { x86::dispatch_512(w, r, x, g, k, prefetch, dots) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::dispatch_256(w, r, x, g, k, dots) },
-        _ => portable(w, r, x, g, k, dots),
+        Isa::Avx2 => unsafe { x86::dispatch_256(w, r, x, g, k, prefetch, dots) },
+        _ => {
+            let _ = prefetch;
+            portable(w, r, x, g, k, dots)
+        }
     }
 }
 
@@ -223,25 +228,27 @@ mod x86 {
     macro_rules! dispatch {
         ($name:ident, $kernel:ident, $feat:literal) => {
             #[target_feature(enable = $feat)]
-            pub unsafe fn $name(w: &[f32], r: usize, x: &[f32], g: usize, k: usize, d: &mut [[f32; GROUP]; ROWS]) {
+            pub unsafe fn $name(w: &[f32], r: usize, x: &[f32], g: usize, k: usize, pf: bool, d: &mut [[f32; GROUP]; ROWS]) {
                 let (w, x) = (w.as_ptr(), x.as_ptr());
+                // two blocks ahead (W is row-major: the next block starts r·k floats on); into L2
+                let pf = if pf { 2 * r * k } else { 0 };
                 match (r, g) {
-                    (4, 4) => $kernel::<4, 4>(w, x, k, d),
-                    (4, 3) => $kernel::<4, 3>(w, x, k, d),
-                    (4, 2) => $kernel::<4, 2>(w, x, k, d),
-                    (4, 1) => $kernel::<4, 1>(w, x, k, d),
-                    (3, 4) => $kernel::<3, 4>(w, x, k, d),
-                    (3, 3) => $kernel::<3, 3>(w, x, k, d),
-                    (3, 2) => $kernel::<3, 2>(w, x, k, d),
-                    (3, 1) => $kernel::<3, 1>(w, x, k, d),
-                    (2, 4) => $kernel::<2, 4>(w, x, k, d),
-                    (2, 3) => $kernel::<2, 3>(w, x, k, d),
-                    (2, 2) => $kernel::<2, 2>(w, x, k, d),
-                    (2, 1) => $kernel::<2, 1>(w, x, k, d),
-                    (1, 4) => $kernel::<1, 4>(w, x, k, d),
-                    (1, 3) => $kernel::<1, 3>(w, x, k, d),
-                    (1, 2) => $kernel::<1, 2>(w, x, k, d),
-                    _ => $kernel::<1, 1>(w, x, k, d),
+                    (4, 4) => $kernel::<4, 4>(w, x, k, pf, d),
+                    (4, 3) => $kernel::<4, 3>(w, x, k, pf, d),
+                    (4, 2) => $kernel::<4, 2>(w, x, k, pf, d),
+                    (4, 1) => $kernel::<4, 1>(w, x, k, pf, d),
+                    (3, 4) => $kernel::<3, 4>(w, x, k, pf, d),
+                    (3, 3) => $kernel::<3, 3>(w, x, k, pf, d),
+                    (3, 2) => $kernel::<3, 2>(w, x, k, pf, d),
+                    (3, 1) => $kernel::<3, 1>(w, x, k, pf, d),
+                    (2, 4) => $kernel::<2, 4>(w, x, k, pf, d),
+                    (2, 3) => $kernel::<2, 3>(w, x, k, pf, d),
+                    (2, 2) => $kernel::<2, 2>(w, x, k, pf, d),
+                    (2, 1) => $kernel::<2, 1>(w, x, k, pf, d),
+                    (1, 4) => $kernel::<1, 4>(w, x, k, pf, d),
+                    (1, 3) => $kernel::<1, 3>(w, x, k, pf, d),
+                    (1, 2) => $kernel::<1, 2>(w, x, k, pf, d),
+                    _ => $kernel::<1, 1>(w, x, k, pf, d),
                 }
             }
         };
@@ -250,9 +257,10 @@ mod x86 {
     dispatch!(dispatch_256, block_256, "avx2,fma");
 
     /// R weight rows (at w, stride k) against G x rows (at x, stride k): 16 lanes, one
-    /// accumulator per pair, FMA over K, masked tail, fixed reduction.
+    /// accumulator per pair, FMA over K, masked tail, fixed reduction. pf > 0: prefetch the
+    /// lines pf floats ahead (the next block) as the loop goes (a hint: never faults).
     #[target_feature(enable = "avx512f")]
-    unsafe fn block_512<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, d: &mut [[f32; GROUP]; ROWS]) {
+    unsafe fn block_512<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: usize, d: &mut [[f32; GROUP]; ROWS]) {
         let mut acc = [[_mm512_setzero_ps(); G]; R];
         let full = k / 16 * 16;
         let mut t = 0;
@@ -260,6 +268,11 @@ mod x86 {
             let mut xs = [_mm512_setzero_ps(); G];
             for j in 0..G {
                 xs[j] = _mm512_loadu_ps(x.add(j * k + t));
+            }
+            if pf != 0 {
+                for i in 0..R {
+                    _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(pf + i * k + t) as *const i8);
+                }
             }
             for i in 0..R {
                 let wv = _mm512_loadu_ps(w.add(i * k + t));
@@ -291,7 +304,7 @@ mod x86 {
 
     /// The AVX2+FMA kernel: as [`block_512`] with 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn block_256<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, d: &mut [[f32; GROUP]; ROWS]) {
+    unsafe fn block_256<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: usize, d: &mut [[f32; GROUP]; ROWS]) {
         let mut acc = [[_mm256_setzero_ps(); G]; R];
         let full = k / 8 * 8;
         let mut t = 0;
@@ -299,6 +312,11 @@ mod x86 {
             let mut xs = [_mm256_setzero_ps(); G];
             for j in 0..G {
                 xs[j] = _mm256_loadu_ps(x.add(j * k + t));
+            }
+            if pf != 0 && t % 16 == 0 {
+                for i in 0..R {
+                    _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(pf + i * k + t) as *const i8);
+                }
             }
             for i in 0..R {
                 let wv = _mm256_loadu_ps(w.add(i * k + t));
