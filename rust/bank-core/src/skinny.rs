@@ -100,24 +100,88 @@ pub fn linear_with(isa: Isa, p: &Problem<'_>, y: &mut [f32], threads: usize) {
         unsafe { rows(isa, p, 0, p.n, out) };
         return;
     }
-    let step = p.n.div_ceil(chunks).next_multiple_of(ROWS);
-    let next = AtomicUsize::new(0);
-    let work = || loop {
-        let start = next.fetch_add(1, Ordering::Relaxed) * step;
-        if start >= p.n {
-            break;
-        }
-        // SAFETY: each chunk [start, start + step) is taken once (the atomic counter), so the
-        // columns it writes are written by no other thread; y outlives the scope
-        unsafe { rows(isa, p, start, (start + step).min(p.n), out) };
-    };
-    let pool = pool(threads - 1);
-    pool.in_place_scope(|s| {
-        for _ in 1..threads.min(chunks) {
-            s.spawn(|_| work());
-        }
-        work();
+    let task = Arc::new(Task {
+        isa,
+        x: Out(p.x.as_ptr() as *mut f32),
+        w: Out(p.w.as_ptr() as *mut f32),
+        bias: p.bias.map(|b| Out(b.as_ptr() as *mut f32)),
+        m: p.m,
+        n: p.n,
+        k: p.k,
+        out,
+        step: p.n.div_ceil(chunks).next_multiple_of(ROWS),
+        chunks,
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
     });
+    let pool = pool(threads - 1);
+    for _ in 1..threads.min(chunks) {
+        let t = Arc::clone(&task);
+        // SAFETY: see `Task::work`
+        pool.spawn(move || unsafe { t.work() });
+    }
+    // SAFETY: see `Task::work`
+    unsafe { task.work() };
+    // the chunks other threads claimed: wait until they are written (a worker that starts
+    // later finds none left and touches nothing)
+    let mut spins = 0u32;
+    while task.done.load(Ordering::Acquire) < chunks {
+        if spins < 1 << 10 {
+            std::hint::spin_loop();
+            spins += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// One call's work shared by the threads: chunks of `step` weight rows, claimed through `next`,
+/// counted in `done` once written. The caller works too and returns only when every chunk is
+/// done, so no thread waits for a pool worker that a busy machine has not scheduled yet.
+struct Task {
+    isa: Isa,
+    x: Out,
+    w: Out,
+    bias: Option<Out>,
+    m: usize,
+    n: usize,
+    k: usize,
+    out: Out,
+    step: usize,
+    chunks: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+}
+
+impl Task {
+    /// Claim and write chunks until none is left.
+    ///
+    /// # Safety
+    /// The operands behind the pointers are alive and unchanged until `done` reaches `chunks`
+    /// (the caller of `linear_with` waits for that); a chunk is claimed by one thread only, and
+    /// a claim past the last chunk touches nothing.
+    unsafe fn work(&self) {
+        loop {
+            let c = self.next.fetch_add(1, Ordering::Relaxed);
+            if c >= self.chunks {
+                return;
+            }
+            let start = (c * self.step).min(self.n);
+            let end = (start + self.step).min(self.n);
+            if start < end {
+                let p = Problem {
+                    x: std::slice::from_raw_parts(self.x.0, self.m * self.k),
+                    w: std::slice::from_raw_parts(self.w.0, self.n * self.k),
+                    bias: self.bias.map(|b| std::slice::from_raw_parts(b.0 as *const f32, self.n)),
+                    m: self.m,
+                    n: self.n,
+                    k: self.k,
+                };
+                rows(self.isa, &p, start, end, self.out);
+            }
+            self.done.fetch_add(1, Ordering::Release);
+        }
+    }
 }
 
 /// How many pieces N is cut into: one per thread, more on large weights (the threads of a
