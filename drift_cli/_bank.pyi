@@ -185,3 +185,12 @@ class CpuBank:
         evicted, [(position, slot)] allocated in order, [(position, slot)] matched in order, [the
         EMA rate of each matched update], [slots that became valid])."""
 
+
+# --- The CPU skinny GEMM (drift-bank-core `skinny`; Python side: drift_cli/engine/cpu_linear.py)
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                  threads: int) -> None:
+    """out [..., N] = x [..., K] · weight [N, K]ᵀ (+ bias [N]): float32 CPU tensors, contiguous,
+    `out` distinct from the inputs (ValueError otherwise). Each weight is read once whatever the
+    rows; a row's outputs are bitwise the same whatever the other rows. Runs on `threads` threads
+    (the caller's and a persistent pool), the GIL released."""

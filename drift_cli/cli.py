@@ -20,6 +20,7 @@ from drift_cli.commands.analyze import analyze
 from drift_cli.commands.bank import bank
 from drift_cli.commands.data import data
 from drift_cli.commands.options import bench_options
+from drift_cli.commands.profile import profile
 from drift_cli.commands.regress import regress
 from drift_cli.commands.suite import suite
 from drift_cli.commands.zoo import zoo
@@ -148,5 +149,5 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
-for _group in (data, zoo, bank, ablate, analyze, regress, suite):   # command groups in their own modules
+for _group in (data, zoo, bank, ablate, analyze, regress, suite, profile):   # command groups in their own modules
     cli.add_command(_group)

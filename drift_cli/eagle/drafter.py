@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from drift_cli.eagle.modules import EagleHead
+from drift_cli.engine import cpu_linear
 from drift_cli.engine.head import OutputHead
 from drift_cli.engine.lm import RowCache
 from drift_cli.engine.timing import IterationClock, NullClock
@@ -35,6 +36,7 @@ class HeadDrafter:
     def __init__(self, head: EagleHead, name: str = "draft") -> None:
         self.model = head.eval()
         self.name = name
+        cpu_linear.install(head)                 # CPU fp32 inference: the skinny GEMM (once, here)
         self.head = OutputHead(head)
         self.target_layers = head.target_layers
         self.feature_dim = head.feature_dim

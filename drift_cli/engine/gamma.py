@@ -55,18 +55,30 @@ class GammaConfig(Settings):
 @dataclass(frozen=True)
 class CostProfile:
     """Measured costs before the stream (`profile_costs`): the target scoring w = 1..γ+1 tokens
-    after the first prompt (ms per width) and the draft's one-token step."""
+    after the first prompt (ms per width) and the draft's one-token step, each beside its
+    weight-read floor (`drift_cli.engine.floor`: the bytes a forward must read over the read
+    bandwidth measured in the same process; None where not measured)."""
 
     verify_ms: tuple[float, ...]        # [w - 1]: scoring w tokens
     draft_ms_per_token: float
+    floor_ms: float | None = None       # the target's weight-read floor
+    draft_floor_ms: float | None = None
+    draft_curve_ms: tuple[float, ...] = ()   # [w - 1]: the draft scoring w tokens (when asked for)
+    floor_bytes: int = 0                # what the floors count (target, draft)
+    draft_floor_bytes: int = 0
 
     def verify_ratio(self) -> list[float]:
         """Cost of scoring k+1 tokens against one, k = 0..γ."""
         return [v / self.verify_ms[0] for v in self.verify_ms]
 
     def to_json(self) -> dict:
-        return {"verify_ms": list(self.verify_ms), "verify_ratio": self.verify_ratio(),
-                "draft_ms_per_token": self.draft_ms_per_token}
+        out = {"verify_ms": list(self.verify_ms), "verify_ratio": self.verify_ratio(),
+               "draft_ms_per_token": self.draft_ms_per_token, "floor_ms": self.floor_ms,
+               "draft_floor_ms": self.draft_floor_ms, "floor_bytes": self.floor_bytes,
+               "draft_floor_bytes": self.draft_floor_bytes}
+        if self.draft_curve_ms:
+            out["draft_curve_ms"] = list(self.draft_curve_ms)
+        return out
 
 
 def _forward_ms(lm, ids: torch.Tensor) -> float:
@@ -85,26 +97,37 @@ def _forward_ms(lm, ids: torch.Tensor) -> float:
     return ms
 
 
-def profile_costs(target, draft, prompt: Sequence[int], gamma: int, reps: int = 7) -> CostProfile:
-    """Profile the target at widths 1..γ+1 and the draft at width 1 (CausalLMs; draft may be
-    None) after `prompt`: the widths are interleaved rep by rep, so that a busy spell of a shared
-    machine lands on all of them, and each keeps its fastest rep (the first is a warm-up).
-    Leaves both caches reset."""
+def profile_costs(target, draft, prompt: Sequence[int], gamma: int, reps: int = 7,
+                  draft_widths: int = 1) -> CostProfile:
+    """Profile the target at widths 1..γ+1 and the draft at widths 1..draft_widths (CausalLMs;
+    draft may be None) after `prompt`, and each one's weight-read floor: the widths and the
+    read are interleaved rep by rep, so that a busy spell of a shared machine lands on all of
+    them, and each keeps its fastest rep (the first is a warm-up). Leaves both caches reset."""
     import torch
 
+    from drift_cli.engine import floor
+
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=target.device)
-    feed = ids[:, -1:].repeat(1, gamma + 1)
-    out = []
-    for lm, widths in ((target, range(1, gamma + 2)), (draft, (1,))):
+    feed = ids[:, -1:].repeat(1, max(gamma + 1, draft_widths))
+    out, floors, sizes = [], [], []
+    for lm, widths in ((target, range(1, gamma + 2)), (draft, range(1, draft_widths + 1))):
         if lm is None:
             out.append([0.0])
+            floors.append(None)
+            sizes.append(0)
             continue
+        tensors = floor.read_tensors(lm)
         lm.reset()
         lm.forward(ids[:, :-1] if ids.shape[1] > 1 else ids)
-        times = [[_forward_ms(lm, feed[:, :w]) for w in widths] for _ in range(reps + 1)][1:]
-        out.append([min(col) for col in zip(*times, strict=True)])
+        times = [[_forward_ms(lm, feed[:, :w]) for w in widths] + [floor.read_ms(tensors)]
+                 for _ in range(reps + 1)][1:]
+        best = [min(col) for col in zip(*times, strict=True)]
+        out.append(best[:-1])
+        floors.append(best[-1])
+        sizes.append(floor.read_bytes(tensors))
         lm.reset()
-    return CostProfile(tuple(out[0]), out[1][0])
+    return CostProfile(tuple(out[0]), out[1][0], floors[0], floors[1],
+                       tuple(out[1]) if draft_widths > 1 else (), sizes[0], sizes[1])
 
 
 class GammaController:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from drift_cli.engine import cpu_linear
+
 VOCAB_SUBSET_KEY = "draft_vocab_ids"
 OUTSIDE = -1.0e4
 
@@ -44,6 +46,7 @@ class OutputHead:
         self.ids = None if ids is None else torch.tensor(ids, dtype=torch.long, device=self.linear.weight.device)
         self._rows: torch.Tensor | None = None
         self._version = -1
+        self._skinny = isinstance(self.linear, cpu_linear.SkinnyLinear)   # the subset's rows too
 
     @property
     def subset_size(self) -> int:
@@ -65,7 +68,7 @@ class OutputHead:
             rows = self.linear.weight[self.ids]                                # differentiable gather
         else:
             rows = self._subset_rows()
-        sub = (hidden @ rows.T).float()                                        # [..., K]
+        sub = (cpu_linear.linear(hidden, rows) if self._skinny else hidden @ rows.T).float()   # [..., K]
         out = sub.new_full((*sub.shape[:-1], self.vocab_size), OUTSIDE)
         return out.index_copy(-1, self.ids, sub)
 

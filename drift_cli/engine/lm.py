@@ -27,6 +27,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from drift_cli.engine import cpu_linear
 from drift_cli.engine.head import OutputHead
 from drift_cli.engine.timing import IterationClock, NullClock
 
@@ -100,6 +101,7 @@ class CausalLM:
     def __init__(self, model: torch.nn.Module, name: str = "model") -> None:
         self.model = model.eval()
         self.name = name
+        cpu_linear.install(model)                # CPU fp32 inference: the skinny GEMM (once, here)
         self.decoder = model.get_decoder()
         self.head = OutputHead(model)
         self._kw = _cache_kwarg(self.decoder)

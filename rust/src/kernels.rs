@@ -266,7 +266,7 @@ fn f32_rows<'a>(name: &str, a: &'a Bound<'_, PyAny>, per: Option<usize>) -> PyRe
 /// attribute calls made from here. Warm they cost about what `Tensor.numpy()` does; with cold
 /// caches, as inside the decoding loop, they are cheaper (`benchmarks/bench_cpu_step.py`
 /// measures it; docs/drift.md keeps the figures).
-fn tensor_layout(name: &str, t: &Bound<'_, PyAny>) -> PyResult<(usize, Vec<usize>, Vec<isize>)> {
+pub(crate) fn tensor_layout(name: &str, t: &Bound<'_, PyAny>) -> PyResult<(usize, Vec<usize>, Vec<isize>)> {
     static FLOAT32: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = t.py();
     let float32 = FLOAT32.get_or_try_init(py, || -> PyResult<_> {

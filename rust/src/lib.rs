@@ -3,6 +3,7 @@
 //! bookkeeping logic lives here.
 
 mod kernels;
+mod linear;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -506,6 +507,7 @@ fn _bank(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::drift_bias_add, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::drift_ema, m)?)?;
     m.add_class::<kernels::CpuBank>()?;
+    m.add_function(wrap_pyfunction!(linear::skinny_linear, m)?)?;
     m.add("SNAPSHOT_FORMAT_VERSION", FORMAT_VERSION)?;
     Ok(())
 }

@@ -1,0 +1,510 @@
+//! Skinny GEMM: y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias), fp32, for few rows (M = tokens × batch
+//! rows, 1..16), reading each weight once per call whatever M.
+//!
+//! On a CPU a forward that scores a handful of tokens is a read of the weights: at M ≤ 16 the
+//! arithmetic is a small fraction of the time the memory takes to stream W. General GEMMs
+//! switch kernels with M (PyTorch's at 4 rows) and pay for it; this one keeps the cost flat.
+//!
+//! Layout: W in its original row-major [N, K] layout, never packed (the drafts' weights are
+//! updated in place, a packed copy would go stale). The dot-product form: a block of [`ROWS`]
+//! weight rows is streamed once and every x row is dotted against it, [`GROUP`] x rows per pass
+//! while the block sits in L1 (x itself stays in L1: 16 × 576 × 4 B). Threads split N.
+//!
+//! Numerics, stated once: each output y[m, n] is one dot product computed by the same sequence
+//! of operations whatever M, the block it falls in or the thread that runs it: on AVX-512, one
+//! 16-lane accumulator with fused multiply-adds over K in steps of 16 (the tail masked),
+//! then `_mm512_reduce_add_ps`; on AVX2+FMA the same with 8 lanes; portable: 8 partial sums,
+//! no fused multiply-add. So a row's outputs are bitwise identical scored alone or among any
+//! other rows, on any thread count. The bias is added after the dot product. Results differ
+//! between instruction sets (and from PyTorch's) by rounding only.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Weight rows streamed together.
+pub const ROWS: usize = 4;
+/// x rows dotted against a weight block per pass (more rows: another pass over the block in L1).
+pub const GROUP: usize = 4;
+
+/// Which kernel the machine runs (detected once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+/// The best kernel this machine supports.
+pub fn detected() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    })
+}
+
+/// The operands of one call, shapes checked by [`Problem::new`].
+#[derive(Clone, Copy)]
+pub struct Problem<'a> {
+    pub x: &'a [f32],            // [m, k]
+    pub w: &'a [f32],            // [n, k]
+    pub bias: Option<&'a [f32]>, // [n]
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl<'a> Problem<'a> {
+    pub fn new(x: &'a [f32], w: &'a [f32], bias: Option<&'a [f32]>, k: usize) -> Result<Self, String> {
+        if k == 0 {
+            return Err("K must be >= 1".into());
+        }
+        if x.len() % k != 0 || w.len() % k != 0 {
+            return Err(format!("x ({}) and w ({}) must be whole rows of K = {k}", x.len(), w.len()));
+        }
+        let (m, n) = (x.len() / k, w.len() / k);
+        if let Some(b) = bias {
+            if b.len() != n {
+                return Err(format!("bias has {} entries, W {n} rows", b.len()));
+            }
+        }
+        Ok(Self { x, w, bias, m, n, k })
+    }
+}
+
+/// y [m, n] (row-major) for `p` on `threads` threads (1: the calling thread only; more: the
+/// caller and a persistent pool of threads - 1 workers share the weight rows).
+pub fn linear(p: &Problem<'_>, y: &mut [f32], threads: usize) {
+    linear_with(detected(), p, y, threads);
+}
+
+/// [`linear`] with a chosen kernel (tests compare the kernels).
+pub fn linear_with(isa: Isa, p: &Problem<'_>, y: &mut [f32], threads: usize) {
+    assert_eq!(y.len(), p.m * p.n, "y must be [m, n]");
+    if p.m == 0 || p.n == 0 {
+        return;
+    }
+    let out = Out(y.as_mut_ptr());
+    let chunks = chunk_count(p, threads);
+    if chunks <= 1 {
+        // SAFETY: rows [0, n) of y are written by this call alone
+        unsafe { rows(isa, p, 0, p.n, out) };
+        return;
+    }
+    let task = Arc::new(Task {
+        isa,
+        x: Out(p.x.as_ptr() as *mut f32),
+        w: Out(p.w.as_ptr() as *mut f32),
+        bias: p.bias.map(|b| Out(b.as_ptr() as *mut f32)),
+        m: p.m,
+        n: p.n,
+        k: p.k,
+        out,
+        step: p.n.div_ceil(chunks).next_multiple_of(ROWS),
+        chunks,
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+    });
+    let pool = pool(threads - 1);
+    for _ in 1..threads.min(chunks) {
+        let t = Arc::clone(&task);
+        // SAFETY: see `Task::work`
+        pool.spawn(move || unsafe { t.work() });
+    }
+    // SAFETY: see `Task::work`
+    unsafe { task.work() };
+    // the chunks other threads claimed: wait until they are written (a worker that starts
+    // later finds none left and touches nothing)
+    let mut spins = 0u32;
+    while task.done.load(Ordering::Acquire) < chunks {
+        if spins < 1 << 10 {
+            std::hint::spin_loop();
+            spins += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// One call's work shared by the threads: chunks of `step` weight rows, claimed through `next`,
+/// counted in `done` once written. The caller works too and returns only when every chunk is
+/// done, so no thread waits for a pool worker that a busy machine has not scheduled yet.
+struct Task {
+    isa: Isa,
+    x: Out,
+    w: Out,
+    bias: Option<Out>,
+    m: usize,
+    n: usize,
+    k: usize,
+    out: Out,
+    step: usize,
+    chunks: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+}
+
+impl Task {
+    /// Claim and write chunks until none is left.
+    ///
+    /// # Safety
+    /// The operands behind the pointers are alive and unchanged until `done` reaches `chunks`
+    /// (the caller of `linear_with` waits for that); a chunk is claimed by one thread only, and
+    /// a claim past the last chunk touches nothing.
+    unsafe fn work(&self) {
+        loop {
+            let c = self.next.fetch_add(1, Ordering::Relaxed);
+            if c >= self.chunks {
+                return;
+            }
+            let start = (c * self.step).min(self.n);
+            let end = (start + self.step).min(self.n);
+            if start < end {
+                let p = Problem {
+                    x: std::slice::from_raw_parts(self.x.0, self.m * self.k),
+                    w: std::slice::from_raw_parts(self.w.0, self.n * self.k),
+                    bias: self.bias.map(|b| std::slice::from_raw_parts(b.0 as *const f32, self.n)),
+                    m: self.m,
+                    n: self.n,
+                    k: self.k,
+                };
+                rows(self.isa, &p, start, end, self.out);
+            }
+            self.done.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+/// How many pieces N is cut into: one per thread, more on large weights (the threads of a
+/// shared machine do not all run at the same speed).
+fn chunk_count(p: &Problem<'_>, threads: usize) -> usize {
+    let blocks = p.n.div_ceil(ROWS);
+    let per = if p.n * p.k >= 1 << 20 { 4 } else { 1 };
+    let want = if p.n * p.k < 1 << 14 { 1 } else { threads * per };
+    want.min(blocks).max(1)
+}
+
+/// The pool of `workers` threads (made once per size, kept for the process).
+fn pool(workers: usize) -> Arc<rayon::ThreadPool> {
+    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
+    let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    pools
+        .entry(workers)
+        .or_insert_with(|| {
+            Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(workers.max(1))
+                    .thread_name(|i| format!("drift-linear-{i}"))
+                    .build()
+                    .expect("a thread pool for the skinny GEMM"),
+            )
+        })
+        .clone()
+}
+
+/// y's base pointer, shared by the threads (each writes its own columns).
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+/// Weight rows [n0, n1) against every x row, into y[:, n0..n1].
+///
+/// # Safety
+/// y (at `out`) must be [m, n] and columns [n0, n1) written by no one else meanwhile.
+unsafe fn rows(isa: Isa, p: &Problem<'_>, n0: usize, n1: usize, out: Out) {
+    let mut n = n0;
+    while n < n1 {
+        let r = ROWS.min(n1 - n);
+        let mut m = 0;
+        while m < p.m {
+            let g = GROUP.min(p.m - m);
+            let mut dots = [[0f32; GROUP]; ROWS];
+            block(isa, p, n, r, m, g, m == 0, &mut dots);
+            for (i, row) in dots.iter().enumerate().take(r) {
+                let b = p.bias.map_or(0.0, |b| b[n + i]);
+                for (j, d) in row.iter().enumerate().take(g) {
+                    *out.0.add((m + j) * p.n + n + i) = if p.bias.is_some() { d + b } else { *d };
+                }
+            }
+            m += g;
+        }
+        n += r;
+    }
+}
+
+/// dots[i][j] = W[n + i] · x[m + j] for i < r, j < g; `prefetch`: also ask for the next block
+/// of W (the memory stream runs a block ahead of the arithmetic instead of alternating with it).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn block(isa: Isa, p: &Problem<'_>, n: usize, r: usize, m: usize, g: usize, prefetch: bool, dots: &mut [[f32; GROUP]; ROWS]) {
+    let k = p.k;
+    let w = &p.w[n * k..(n + r) * k];
+    let x = &p.x[m * k..(m + g) * k];
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::dispatch_512(w, r, x, g, k, prefetch, dots) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::dispatch_256(w, r, x, g, k, prefetch, dots) },
+        _ => {
+            let _ = prefetch;
+            portable(w, r, x, g, k, dots)
+        }
+    }
+}
+
+/// The portable kernel: every pair by [`crate::kernels::dot`] (8 partial sums, no FMA).
+fn portable(w: &[f32], r: usize, x: &[f32], g: usize, k: usize, dots: &mut [[f32; GROUP]; ROWS]) {
+    for i in 0..r {
+        for j in 0..g {
+            dots[i][j] = crate::kernels::dot(&w[i * k..(i + 1) * k], &x[j * k..(j + 1) * k]);
+        }
+    }
+}
+
+/// The plain reference (f64 accumulation): what the tests compare against.
+pub fn naive(p: &Problem<'_>) -> Vec<f32> {
+    let mut y = vec![0f32; p.m * p.n];
+    for m in 0..p.m {
+        for n in 0..p.n {
+            let s: f64 = (0..p.k).map(|t| p.x[m * p.k + t] as f64 * p.w[n * p.k + t] as f64).sum();
+            y[m * p.n + n] = (s + p.bias.map_or(0.0, |b| b[n] as f64)) as f32;
+        }
+    }
+    y
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{GROUP, ROWS};
+    use std::arch::x86_64::*;
+
+    /// The (r, g) block kernel with both sizes as constants (accumulators stay in registers).
+    macro_rules! dispatch {
+        ($name:ident, $kernel:ident, $feat:literal) => {
+            #[target_feature(enable = $feat)]
+            pub unsafe fn $name(w: &[f32], r: usize, x: &[f32], g: usize, k: usize, pf: bool, d: &mut [[f32; GROUP]; ROWS]) {
+                let (w, x) = (w.as_ptr(), x.as_ptr());
+                // two blocks ahead (W is row-major: the next block starts r·k floats on); into L2
+                let pf = if pf { 2 * r * k } else { 0 };
+                match (r, g) {
+                    (4, 4) => $kernel::<4, 4>(w, x, k, pf, d),
+                    (4, 3) => $kernel::<4, 3>(w, x, k, pf, d),
+                    (4, 2) => $kernel::<4, 2>(w, x, k, pf, d),
+                    (4, 1) => $kernel::<4, 1>(w, x, k, pf, d),
+                    (3, 4) => $kernel::<3, 4>(w, x, k, pf, d),
+                    (3, 3) => $kernel::<3, 3>(w, x, k, pf, d),
+                    (3, 2) => $kernel::<3, 2>(w, x, k, pf, d),
+                    (3, 1) => $kernel::<3, 1>(w, x, k, pf, d),
+                    (2, 4) => $kernel::<2, 4>(w, x, k, pf, d),
+                    (2, 3) => $kernel::<2, 3>(w, x, k, pf, d),
+                    (2, 2) => $kernel::<2, 2>(w, x, k, pf, d),
+                    (2, 1) => $kernel::<2, 1>(w, x, k, pf, d),
+                    (1, 4) => $kernel::<1, 4>(w, x, k, pf, d),
+                    (1, 3) => $kernel::<1, 3>(w, x, k, pf, d),
+                    (1, 2) => $kernel::<1, 2>(w, x, k, pf, d),
+                    _ => $kernel::<1, 1>(w, x, k, pf, d),
+                }
+            }
+        };
+    }
+    dispatch!(dispatch_512, block_512, "avx512f");
+    dispatch!(dispatch_256, block_256, "avx2,fma");
+
+    /// R weight rows (at w, stride k) against G x rows (at x, stride k): 16 lanes, one
+    /// accumulator per pair, FMA over K, masked tail, fixed reduction. pf > 0: prefetch the
+    /// lines pf floats ahead (the next block) as the loop goes (a hint: never faults).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block_512<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: usize, d: &mut [[f32; GROUP]; ROWS]) {
+        let mut acc = [[_mm512_setzero_ps(); G]; R];
+        let full = k / 16 * 16;
+        let mut t = 0;
+        while t < full {
+            let mut xs = [_mm512_setzero_ps(); G];
+            for j in 0..G {
+                xs[j] = _mm512_loadu_ps(x.add(j * k + t));
+            }
+            if pf != 0 {
+                for i in 0..R {
+                    _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(pf + i * k + t) as *const i8);
+                }
+            }
+            for i in 0..R {
+                let wv = _mm512_loadu_ps(w.add(i * k + t));
+                for j in 0..G {
+                    acc[i][j] = _mm512_fmadd_ps(wv, xs[j], acc[i][j]);
+                }
+            }
+            t += 16;
+        }
+        if t < k {
+            let mask: __mmask16 = ((1u32 << (k - t)) - 1) as __mmask16;
+            let mut xs = [_mm512_setzero_ps(); G];
+            for j in 0..G {
+                xs[j] = _mm512_maskz_loadu_ps(mask, x.add(j * k + t));
+            }
+            for i in 0..R {
+                let wv = _mm512_maskz_loadu_ps(mask, w.add(i * k + t));
+                for j in 0..G {
+                    acc[i][j] = _mm512_fmadd_ps(wv, xs[j], acc[i][j]);
+                }
+            }
+        }
+        for i in 0..R {
+            for j in 0..G {
+                d[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+            }
+        }
+    }
+
+    /// The AVX2+FMA kernel: as [`block_512`] with 8 lanes.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block_256<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: usize, d: &mut [[f32; GROUP]; ROWS]) {
+        let mut acc = [[_mm256_setzero_ps(); G]; R];
+        let full = k / 8 * 8;
+        let mut t = 0;
+        while t < full {
+            let mut xs = [_mm256_setzero_ps(); G];
+            for j in 0..G {
+                xs[j] = _mm256_loadu_ps(x.add(j * k + t));
+            }
+            if pf != 0 && t % 16 == 0 {
+                for i in 0..R {
+                    _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(pf + i * k + t) as *const i8);
+                }
+            }
+            for i in 0..R {
+                let wv = _mm256_loadu_ps(w.add(i * k + t));
+                for j in 0..G {
+                    acc[i][j] = _mm256_fmadd_ps(wv, xs[j], acc[i][j]);
+                }
+            }
+            t += 8;
+        }
+        if t < k {
+            let lanes: [i32; 8] = std::array::from_fn(|l| if l < k - t { -1 } else { 0 });
+            let mask = _mm256_loadu_si256(lanes.as_ptr() as *const __m256i);
+            let mut xs = [_mm256_setzero_ps(); G];
+            for j in 0..G {
+                xs[j] = _mm256_maskload_ps(x.add(j * k + t), mask);
+            }
+            for i in 0..R {
+                let wv = _mm256_maskload_ps(w.add(i * k + t), mask);
+                for j in 0..G {
+                    acc[i][j] = _mm256_fmadd_ps(wv, xs[j], acc[i][j]);
+                }
+            }
+        }
+        for i in 0..R {
+            for j in 0..G {
+                d[i][j] = hsum_256(acc[i][j]);
+            }
+        }
+    }
+
+    /// The 8 lanes of `v` summed in one fixed order.
+    #[inline(always)]
+    unsafe fn hsum_256(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn isas() -> Vec<Isa> {
+        let mut v = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                v.push(Isa::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                v.push(Isa::Avx512);
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn matches_the_naive_reference() {
+        for isa in isas() {
+            for &(m, n, k) in &[(1, 1, 1), (1, 7, 5), (3, 9, 17), (5, 13, 33), (16, 37, 576), (9, 64, 100), (4, 4, 16)] {
+                let (x, w, b) = (data(m * k, 1), data(n * k, 2), data(n, 3));
+                for bias in [None, Some(&b[..])] {
+                    let p = Problem::new(&x, &w, bias, k).unwrap();
+                    for threads in [1, 2, 3] {
+                        let mut y = vec![f32::NAN; m * n];
+                        linear_with(isa, &p, &mut y, threads);
+                        let want = naive(&p);
+                        for (a, e) in y.iter().zip(&want) {
+                            assert!((a - e).abs() <= 1e-5 * (k as f32).sqrt() * 4.0, "{isa:?} m{m} n{n} k{k}: {a} vs {e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_is_bitwise_the_same_alone_or_among_others() {
+        for isa in isas() {
+            let (n, k) = (4099, 67);
+            let (x, w, b) = (data(16 * k, 5), data(n * k, 6), data(n, 7));
+            let p = Problem::new(&x, &w, Some(&b), k).unwrap();
+            let mut all = vec![0f32; 16 * n];
+            linear_with(isa, &p, &mut all, 2);
+            for m in [1, 2, 3, 5, 8, 16] {
+                let sub = Problem::new(&x[..m * k], &w, Some(&b), k).unwrap();
+                let mut y = vec![0f32; m * n];
+                linear_with(isa, &sub, &mut y, 1);
+                for row in 0..m {
+                    assert_eq!(
+                        y[row * n..(row + 1) * n].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        all[row * n..(row + 1) * n].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{isa:?}: row {row} differs between M = {m} and M = 16"
+                    );
+                }
+            }
+            // the last row alone: M = 1 against its place as row 15 of 16
+            let one = Problem::new(&x[15 * k..], &w, Some(&b), k).unwrap();
+            let mut y = vec![0f32; n];
+            linear_with(isa, &one, &mut y, 3);
+            assert!(y.iter().zip(&all[15 * n..]).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_refused() {
+        assert!(Problem::new(&[0.0; 6], &[0.0; 8], None, 4).is_err());
+        assert!(Problem::new(&[0.0; 8], &[0.0; 8], Some(&[0.0; 3]), 4).is_err());
+        assert!(Problem::new(&[0.0; 8], &[0.0; 8], None, 0).is_err());
+        let p = Problem::new(&[], &[0.0; 8], None, 4).unwrap();
+        linear(&p, &mut [], 2);
+    }
+}
