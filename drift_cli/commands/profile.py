@@ -31,7 +31,8 @@ OVERHEAD_TOKENS = 24      # the vanilla decode that measures the time outside th
 @click.option("--target", default=None, help="target checkpoint (with --draft; instead of --zoo)")
 @click.option("--draft", default=None, help="draft checkpoint or EAGLE head (with --target)")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto")
-@click.option("--dtype", default="float32", show_default=True, help="weights' dtype")
+@click.option("--dtype", default="auto", show_default=True,
+              help="weights' dtype; auto = bfloat16 on CUDA, float32 on the CPU")
 @click.option("--threads", type=int, default=None, help="torch CPU threads [default: 1 on the CPU]")
 @click.option("--k-max", type=int, default=16, show_default=True, help="largest number of tokens scored")
 @click.option("--reps", type=int, default=7, show_default=True, help="timed reps per width (the fastest is kept)")
@@ -121,18 +122,21 @@ def measure(cfg, k_max: int, reps: int, prefix: int, graph: bool, say=None) -> d
     timer = graph_timer(graph, target.device, say)
     costs = profile_costs(target, draft, prompt, k_max - 1, reps, draft_widths=k_max)
     verify = list(costs.verify_ms)
-    if timer is not None:                             # the CUDA-graph path's curve instead of the eager one
-        ids = torch.tensor([prompt], dtype=torch.long, device=target.device)
-        target.reset()
-        target.forward(ids)
-        verify = [float(timer(target, k, reps)) for k in range(1, k_max + 1)]
-        target.reset()
+    draft_curve = list(costs.draft_curve_ms) or [costs.draft_ms_per_token]
+    if timer is not None:                             # the CUDA-graph path's curves instead of the eager ones
+        from drift_cli.engine.graphs import make_lm
+
+        verify = [float(timer(make_lm(pair.target, "target", "graph"), k, reps, context=prefix))
+                  for k in range(1, k_max + 1)]
+        if isinstance(draft, CausalLM):                # a layer draft (an EAGLE head's step stays eager)
+            graphed = make_lm(draft.model, "draft", "graph")
+            draft_curve = [float(timer(graphed, k, reps, context=prefix)) for k in range(1, k_max + 1)]
     overhead = overhead_ms(target, pair.draft, prompt)
     return {
         "verify_ms": verify,
         "verify_ratio": [v / verify[0] for v in verify],
-        "draft_ms": list(costs.draft_curve_ms) or [costs.draft_ms_per_token],
-        "draft_ms_per_token": costs.draft_ms_per_token,
+        "draft_ms": draft_curve,
+        "draft_ms_per_token": draft_curve[0],
         "overhead_ms": overhead,
         "floor_ms": costs.floor_ms,
         "draft_floor_ms": costs.draft_floor_ms,
@@ -146,7 +150,7 @@ def measure(cfg, k_max: int, reps: int, prefix: int, graph: bool, say=None) -> d
                        if target.device.type == "cpu" else 0, "max_rows": cpu_linear.MAX_ROWS},
         "where": {
             "device": str(target.device),
-            "dtype": cfg.dtype,
+            "dtype": cfg.dtype_name,
             "threads": torch.get_num_threads(),
             "shapes": {"target": shape(pair.target), "draft": shape(pair.draft)},
             "models": {"target": pair.target_info.path, "draft": pair.draft_info.path, "zoo": models.zoo_preset},
