@@ -71,6 +71,10 @@ def test_install_keeps_the_module_and_training_keeps_autograd():
     assert y.grad_fn is not None
     y.sum().backward()
     assert lin.weight.grad is not None
+    lin.weight.requires_grad_(False)           # a frozen layer above a trainable one: the
+    h = x.clone().requires_grad_(True)         # gradient still flows through it to its input
+    lin(h).sum().backward()
+    assert h.grad is not None and torch.allclose(h.grad, lin.weight.sum(0).expand_as(h))
     big = torch.randn(cpu_linear.MAX_ROWS + 1, lin.in_features)    # a long prefill: F.linear
     assert not cpu_linear.eligible(big, lin.weight.detach())
     cpu_linear.uninstall(model)

@@ -49,9 +49,10 @@ _SKINNY = _kernel()
 
 
 def eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """The skinny path serves this call: fp32 on the CPU, few rows, no gradient wanted."""
+    """The skinny path serves this call: fp32 on the CPU, few rows, no gradient wanted (neither
+    for the weight nor through the input: a frozen layer above trainable ones still backpropagates)."""
     return (x.dtype is torch.float32 and x.is_cpu and weight.dtype is torch.float32
-            and not (weight.requires_grad and torch.is_grad_enabled())
+            and not ((weight.requires_grad or x.requires_grad) and torch.is_grad_enabled())
             and 0 < x.numel() <= MAX_ROWS * x.shape[-1])
 
 

@@ -42,11 +42,12 @@ NOT_SETTINGS = ("out", "options", "batch_sizes")   # BenchConfig fields a suite 
 # Settings added after suites had written cells: at their default they stay out of the key, so
 # that the cells written before them keep their keys (any other value enters it as usual).
 KEY_IF_SET = {"shuffle": 0, "batch_size": 1, "switch_after": None, "switch_target": None, "draft_layers": None,
-              "drafter": "layer", "draft_kind": "auto"}
+              "drafter": "layer", "draft_kind": "auto", "background_load": False}
 KEY_IF_SET_OPTIONS = {"offline_on_policy": None,   # method options likewise (None: not given)
                       "gamma_policy": None, "gamma_p_min": None, "gamma_ema_rate": None, "gamma_cost_decay": None,
                       "residuals": None, "osd_train": None, "hybrid_copy": None, "hybrid_model": None, "hybrid_rule": None,
-                      "hybrid_min_score": None, "hybrid_min_length": None, "hybrid_learn_copied": None}
+                      "hybrid_min_score": None, "hybrid_min_length": None, "hybrid_learn_copied": None,
+                      "osd_async": None, "osd_threads": None}
 
 
 @dataclass(frozen=True)
