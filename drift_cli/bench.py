@@ -19,6 +19,7 @@ import torch
 from drift_cli import interrupt, metrics
 from drift_cli.bench_config import CONTROL_SCENARIO, BenchConfig, check_preset  # noqa: F401 (re-exported)
 from drift_cli.engine.gamma import GammaConfig, profile_costs
+from drift_cli.engine.tree import TreeConfig
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, StreamRun, run_stream
 from drift_cli.errors import BadInput
@@ -166,7 +167,7 @@ def load_stream(cfg: BenchConfig, tokenizer, scenario) -> Stream:
 
 def decode_config(cfg: BenchConfig, stream: Stream, eos_id: int | None) -> DecodeConfig:
     return DecodeConfig(cfg.gamma, stream.max_new_tokens, cfg.temperature, cfg.top_p, eos_id, cfg.seed, cfg.batch_size,
-                        gamma_policy=cfg.configs()[GammaConfig])
+                        gamma_policy=cfg.configs()[GammaConfig], tree=cfg.configs()[TreeConfig])
 
 
 def warm_up(target: CausalLM, models: Models, stream: Stream, dcfg: DecodeConfig) -> None:

@@ -340,11 +340,12 @@ class Decoder:
                 tree = policy.propose_tree(context, room, sampler)
             else:
                 tree = TreeProposal(context.ids[0].new_zeros(len(context), 0), [[] for _ in context.slots])
-            tree = trees.fit(tree, [max(0, m) for m in budget], self.cfg.eos_id)
+            tree, kept = trees.fit(tree, [max(0, m) for m in budget], self.cfg.eos_id)
         with clock.span("verify"):
             hidden, logits, paths, next_token, features = verify_tree(self.target, context, tree, sampler)
             proposal, *scored = along_paths(tree, paths, hidden, logits, features)
-        policy.accept_tree(paths)
+        if room > 0:                      # the paths in the drafter's own numbering
+            policy.accept_tree(paths if kept is None else [[k[i] for i in p] for k, p in zip(kept, paths, strict=True)])
         target_hidden, target_logits, accepted, features = scored
         return proposal, TreeStep(tree, logits, paths), (target_hidden, target_logits, accepted, next_token, features)
 

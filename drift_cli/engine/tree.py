@@ -176,9 +176,10 @@ def verify_attention(start: list[int], prefix: list[int], parents: list[list[int
     return attention(start, start, seen, positions, width, device)
 
 
-def fit(tree: TreeProposal, caps: list[int], stop: int | None) -> TreeProposal:
+def fit(tree: TreeProposal, caps: list[int], stop: int | None) -> tuple[TreeProposal, list[list[int]] | None]:
     """Row b keeps its nodes of depth <= caps[b] and none after a `stop` token (EOS): a function of
-    the drafts alone, so the acceptance rule stays exact. Returns the tree itself when nothing goes."""
+    the drafts alone, so the acceptance rule stays exact. Returns (the tree, per row the kept nodes'
+    indices in the tree given); (the tree itself, None) when nothing goes."""
     import torch
 
     keeps = []
@@ -188,14 +189,14 @@ def fit(tree: TreeProposal, caps: list[int], stop: int | None) -> TreeProposal:
         deep = depths(par)
         keeps.append([i for i in alive if deep[i] <= caps[b]])
     if all(len(k) == len(p) for k, p in zip(keeps, tree.parents, strict=True)):
-        return tree
+        return tree, None
     width = max((len(k) for k in keeps), default=0)
     index = torch.tensor([k + [0] * (width - len(k)) for k in keeps], dtype=torch.long, device=tree.tokens.device)
     take = lambda t: None if t is None or width == 0 else t.gather(  # noqa: E731
         1, index.view(*index.shape, *([1] * (t.dim() - 2))).expand(-1, -1, *t.shape[2:]))
     tokens = take(tree.tokens) if width else tree.tokens[:, :0]
     return TreeProposal(tokens, [subtree(p, k) for p, k in zip(tree.parents, keeps, strict=True)],
-                        take(tree.q), take(tree.hidden), take(tree.base_logits), tree.source)
+                        take(tree.q), take(tree.hidden), take(tree.base_logits), tree.source), keeps
 
 
 def chain_view(parents: list[int], path: list[int]) -> list[int]:
