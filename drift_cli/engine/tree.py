@@ -176,6 +176,34 @@ def verify_attention(start: list[int], prefix: list[int], parents: list[list[int
     return attention(start, start, seen, positions, width, device)
 
 
+def merge_paths(paths: list[list[int]], max_nodes: int) -> tuple[list[int], list[int]]:
+    """Token paths (best first) as one tree sharing their common prefixes: (tokens, parents), at
+    most max_nodes nodes (a path that does not fit is cut), parents first."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    index: dict[tuple[int, int], int] = {}          # (parent, token) -> node
+    for path in paths:
+        at = ROOT
+        for t in path:
+            if (at, t) not in index:
+                if len(tokens) >= max_nodes:
+                    break
+                index[(at, t)] = len(tokens)
+                tokens.append(t)
+                parents.append(at)
+            at = index[(at, t)]
+    return tokens, parents
+
+
+def from_paths(found: list[tuple[list[int], list[int]]], device) -> TreeProposal:
+    """Per row (tokens, parents) -> a point-mass TreeProposal (model-free drafters)."""
+    import torch
+
+    width = max((len(t) for t, _ in found), default=0)
+    tokens = torch.tensor([t + [0] * (width - len(t)) for t, _ in found], dtype=torch.long).view(len(found), width)
+    return TreeProposal(tokens.to(device), [p for _, p in found])
+
+
 def fit(tree: TreeProposal, caps: list[int], stop: int | None) -> tuple[TreeProposal, list[list[int]] | None]:
     """Row b keeps its nodes of depth <= caps[b] and none after a `stop` token (EOS): a function of
     the drafts alone, so the acceptance rule stays exact. Returns (the tree, per row the kept nodes'
