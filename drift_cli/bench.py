@@ -216,7 +216,7 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
         warm_up(target, models, stream, dcfg)
         gamma_max = max([dcfg.gamma] + [e.gamma[0] for e in entries if e.gamma])
         dcfg = replace(dcfg, cost_profile=profile_costs(target, draft_lm(models.pair.draft),
-                                                        stream.prompts[0].ids, gamma_max))
+                                                        stream.prompts[0].ids, gamma_max, nodes=dcfg.tree.nodes))
         for entry in entries:
             try:
                 policy = entry.build(ctx)

@@ -55,7 +55,8 @@ class GammaConfig(Settings):
 @dataclass(frozen=True)
 class CostProfile:
     """Measured costs before the stream (`profile_costs`): the target scoring w = 1..γ+1 tokens
-    after the first prompt (ms per width) and the draft's one-token step."""
+    after the first prompt (ms per width; with trees, w up to --tree-nodes + 1: a tree of n nodes
+    is scored with its root, n + 1 positions) and the draft's one-token step."""
 
     verify_ms: tuple[float, ...]        # [w - 1]: scoring w tokens
     draft_ms_per_token: float
@@ -63,6 +64,10 @@ class CostProfile:
     def verify_ratio(self) -> list[float]:
         """Cost of scoring k+1 tokens against one, k = 0..γ."""
         return [v / self.verify_ms[0] for v in self.verify_ms]
+
+    def node_ms(self, nodes: int) -> float | None:
+        """The verification cost of a tree of `nodes` nodes (None: not profiled that wide)."""
+        return self.verify_ms[nodes] if nodes < len(self.verify_ms) else None
 
     def to_json(self) -> dict:
         return {"verify_ms": list(self.verify_ms), "verify_ratio": self.verify_ratio(),
@@ -85,17 +90,18 @@ def _forward_ms(lm, ids: torch.Tensor) -> float:
     return ms
 
 
-def profile_costs(target, draft, prompt: Sequence[int], gamma: int, reps: int = 7) -> CostProfile:
-    """Profile the target at widths 1..γ+1 and the draft at width 1 (CausalLMs; draft may be
-    None) after `prompt`: the widths are interleaved rep by rep, so that a busy spell of a shared
+def profile_costs(target, draft, prompt: Sequence[int], gamma: int, reps: int = 7, nodes: int = 0) -> CostProfile:
+    """Profile the target at widths 1..max(γ, nodes)+1 and the draft at width 1 (CausalLMs; draft may be
+    None) after `prompt` (nodes: the tree budget, `--tree-nodes`): the widths are interleaved rep by rep, so that a busy spell of a shared
     machine lands on all of them, and each keeps its fastest rep (the first is a warm-up).
     Leaves both caches reset."""
     import torch
 
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=target.device)
-    feed = ids[:, -1:].repeat(1, gamma + 1)
+    widest = max(gamma, nodes) + 1
+    feed = ids[:, -1:].repeat(1, widest)
     out = []
-    for lm, widths in ((target, range(1, gamma + 2)), (draft, (1,))):
+    for lm, widths in ((target, range(1, widest + 1)), (draft, (1,))):
         if lm is None:
             out.append([0.0])
             continue
