@@ -18,6 +18,7 @@ from drift_cli.engine.policy import (DraftPolicy, Feedback, MethodContext, Propo
                                      ragged)
 from drift_cli.engine.sampling import Sampler
 from drift_cli.engine.tree import TreeProposal
+from drift_cli.errors import BadInput
 
 
 def draft_lm(draft: torch.nn.Module, name: str = "draft"):
@@ -54,10 +55,13 @@ class ModelDraftPolicy(DraftPolicy):
     @property
     def drafts_trees(self) -> bool:
         """Whether `propose_tree` grows real trees: a draft model with --tree-nodes (an EAGLE head
-        proposes its chain as a tree of one child per node)."""
+        is refused in `begin_batch`)."""
         return self.tree.on and isinstance(self.lm, CausalLM)
 
     def begin_batch(self, slots: int) -> None:
+        if self.tree.on and not isinstance(self.lm, CausalLM):
+            raise BadInput(f"--tree-nodes: method {self.name} on an EAGLE head drafts chains only (the head's "
+                           "tree expansion is not built); use the layer draft, or no --tree-nodes")
         if self.drafts_trees:
             self.lm.reset_rows(slots, row_cache=True)        # trees need the RowCache's mask at B = 1 too
         else:
@@ -121,7 +125,7 @@ class ModelDraftPolicy(DraftPolicy):
         return self.adjust(hidden, logits, sampler)
 
     def propose_tree(self, context: Rows, gamma: int, sampler: Sampler) -> TreeProposal:
-        """A tree per row (`drift_cli.methods.tree_draft`); a head's chain as a tree."""
+        """A tree per row (`drift_cli.methods.tree_draft`)."""
         if not self.drafts_trees:
             return super().propose_tree(context, gamma, sampler)
         from drift_cli.methods.tree_draft import draft_tree

@@ -46,7 +46,8 @@ KEY_IF_SET = {"shuffle": 0, "batch_size": 1, "switch_after": None, "switch_targe
 KEY_IF_SET_OPTIONS = {"offline_on_policy": None,   # method options likewise (None: not given)
                       "gamma_policy": None, "gamma_p_min": None, "gamma_ema_rate": None, "gamma_cost_decay": None,
                       "residuals": None, "osd_train": None, "hybrid_copy": None, "hybrid_model": None, "hybrid_rule": None,
-                      "hybrid_min_score": None, "hybrid_min_length": None, "hybrid_learn_copied": None}
+                      "hybrid_min_score": None, "hybrid_min_length": None, "hybrid_learn_copied": None,
+                      "tree_nodes": None, "tree_shape": None, "tree_branch": None, "tree_learn": None}
 
 
 @dataclass(frozen=True)
