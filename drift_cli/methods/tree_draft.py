@@ -10,9 +10,12 @@ node seeing the committed prefix and its ancestors: a tree mask on the draft's o
   3. the next frontier: the `--tree-branch` new nodes of highest cumulative draft probability
      (dynamic) or the first ones, breadth first (static).
 
-The tree kept is the best `--tree-nodes` nodes, best-first from the root: a node enters only
-after its parent and its elder siblings (so each node's kept siblings are the first ones drawn,
-which the sampling rule needs). The draft cache keeps the expanded nodes' entries; after
+Greedy: the tree kept is the best `--tree-nodes` nodes, best-first from the root (a node enters
+only after its parent and its elder siblings); greedy acceptance is exact for any tree.
+Sampling: which siblings the rule tries must not depend on their own drawn values (a sibling kept
+because its token scored well is no longer a draw from q), so nothing drawn is dropped: each
+family's size is fixed before it is drawn (`--tree-branch`, less where the row's node budget runs
+out), and the budget is spent family by family, the frontier chosen as above. The draft cache keeps the expanded nodes' entries; after
 verification `accept_tree` moves the accepted path's into place, one gather.
 """
 
@@ -112,21 +115,27 @@ def draft_tree(policy, context: Rows, gamma: int, sampler: Sampler) -> tuple[Tre
         new: list[list[int]] = [[] for _ in slots]
         for i, (b, parent) in enumerate(frontier):
             score = 0.0 if parent == ROOT else pools[b][parent].score
-            for j in range(len(toks[i])):
+            # sampling: a family's size is fixed before its tokens are looked at (its first draws
+            # are a sample without replacement of that size), so no drawn sibling is ever dropped
+            family = len(toks[i]) if sampler.greedy else min(len(toks[i]), cfg.nodes - len(pools[b]))
+            for j in range(family):
                 if not oks[i][j]:
                     break
                 pools[b].append(_Node(parent, toks[i][j], j, score + lps[i][j], depth, offset + i))
                 (roots[b] if parent == ROOT else pools[b][parent].kids).append(len(pools[b]) - 1)
                 new[b].append(len(pools[b]) - 1)
         offset += len(frontier)
-        expand = [(b, ix) for b in live if depth < caps[b]
+        expand = [(b, ix) for b in live if depth < caps[b] and (sampler.greedy or len(pools[b]) < cfg.nodes)
                   for ix in (sorted(new[b], key=lambda ix: -pools[b][ix].score) if cfg.shape == "dynamic"
                              else new[b])[:cfg.branch]]
         if not expand:
             break
         h, z = _expand(lm, slots, pools, base, expand)
         frontier = expand
-    kept = [_select(pools[b], roots[b], cfg.nodes, cfg.shape == "dynamic") for b in range(len(slots))]
+    if sampler.greedy:        # greedy acceptance holds for any tree: keep the best N (EAGLE-2's rerank)
+        kept = [_select(pools[b], roots[b], cfg.nodes, cfg.shape == "dynamic") for b in range(len(slots))]
+    else:                     # sampling: every drawn node, the budget was spent family by family
+        kept = [sorted(range(len(pool)), key=lambda i, pool=pool: (pool[i].depth, i)) for pool in pools]
     drafted = DraftedTree(base, [[pools[b][i].slot for i in keep] for b, keep in enumerate(kept)])
     return _proposal(pools, kept, states, device), drafted
 
