@@ -91,8 +91,9 @@ def _forward_ms(lm, ids: torch.Tensor) -> float:
 
 
 def profile_costs(target, draft, prompt: Sequence[int], gamma: int, reps: int = 7, nodes: int = 0) -> CostProfile:
-    """Profile the target at widths 1..max(γ, nodes)+1 and the draft at width 1 (CausalLMs; draft may be
-    None) after `prompt` (nodes: the tree budget, `--tree-nodes`): the widths are interleaved rep by rep, so that a busy spell of a shared
+    """Profile the target at widths 1..max(γ, nodes)+1 and the draft at width 1 (CausalLMs; draft
+    may be None) after `prompt` (nodes: the tree budget, `--tree-nodes`): the widths are
+    interleaved rep by rep, so that a busy spell of a shared
     machine lands on all of them, and each keeps its fastest rep (the first is a warm-up).
     Leaves both caches reset."""
     import torch

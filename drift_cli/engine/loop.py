@@ -201,8 +201,8 @@ def verify_tree(target: CausalLM, context: Rows, tree: TreeProposal, sampler: Sa
     else:
         p = sampler.probs(sampler.sampling_logits(logits))
         paths, next_token = accept_tree_sampling(tree.tokens, tree.parents, tree.q, p, sampler.generator)
-    target.keep_rows(context.slots, [[s + f + i for i in path] for s, f, path in zip(starts, prefix, paths, strict=True)],
-                     [s + f for s, f in zip(starts, prefix, strict=True)])
+    committed = [s + f for s, f in zip(starts, prefix, strict=True)]      # the row's slots after the prefix
+    target.keep_rows(context.slots, [[c + i for i in path] for c, path in zip(committed, paths, strict=True)], committed)
     return hidden, logits, paths, next_token, features
 
 

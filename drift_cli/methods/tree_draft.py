@@ -15,8 +15,9 @@ only after its parent and its elder siblings); greedy acceptance is exact for an
 Sampling: which siblings the rule tries must not depend on their own drawn values (a sibling kept
 because its token scored well is no longer a draw from q), so nothing drawn is dropped: each
 family's size is fixed before it is drawn (`--tree-branch`, less where the row's node budget runs
-out), and the budget is spent family by family, the frontier chosen as above. The draft cache keeps the expanded nodes' entries; after
-verification `accept_tree` moves the accepted path's into place, one gather.
+out), and the budget is spent family by family, the frontier chosen as above.
+
+The draft cache keeps the expanded nodes' entries; after verification `accept_tree` moves the accepted path's into place, one gather.
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ def _select(pool: list[_Node], roots: list[int], budget: int, dynamic: bool) -> 
         kept.append(i)
         node = pool[i]
         siblings = roots if node.parent == ROOT else pool[node.parent].kids
-        for nxt in ([node.kids[0]] if node.kids else []) + ([siblings[node.rank + 1]] if node.rank + 1 < len(siblings) else []):
+        first_child = node.kids[:1]
+        next_sibling = siblings[node.rank + 1:node.rank + 2]
+        for nxt in first_child + next_sibling:
             heapq.heappush(heap, (*order(nxt), nxt))
     return sorted(kept, key=lambda i: (pool[i].depth, i))
 
