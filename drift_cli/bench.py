@@ -21,6 +21,7 @@ from drift_cli import interrupt, metrics
 from drift_cli.bench_config import CONTROL_SCENARIO, BenchConfig, check_preset  # noqa: F401 (re-exported)
 from drift_cli.engine.gamma import GammaConfig, profile_costs
 from drift_cli.engine.graphs import make_lm
+from drift_cli.engine.tree import TreeConfig
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, StreamRun, run_stream
 from drift_cli.errors import BadInput, MethodFailure, debugging
@@ -169,7 +170,7 @@ def load_stream(cfg: BenchConfig, tokenizer, scenario) -> Stream:
 
 def decode_config(cfg: BenchConfig, stream: Stream, eos_id: int | None) -> DecodeConfig:
     return DecodeConfig(cfg.gamma, stream.max_new_tokens, cfg.temperature, cfg.top_p, eos_id, cfg.seed, cfg.batch_size,
-                        gamma_policy=cfg.configs()[GammaConfig])
+                        gamma_policy=cfg.configs()[GammaConfig], tree=cfg.configs()[TreeConfig])
 
 
 def warm_up(target: CausalLM, models: Models, stream: Stream, dcfg: DecodeConfig, gamma_max: int | None = None) -> float:
@@ -242,7 +243,7 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
         gamma_max = max([dcfg.gamma] + [e.gamma[0] for e in entries if e.gamma])
         models.warmup_ms = warm_up(target, models, stream, dcfg, gamma_max)
         dcfg = replace(dcfg, cost_profile=profile_costs(target, draft_lm(models.pair.draft),
-                                                        stream.prompts[0].ids, gamma_max))
+                                                        stream.prompts[0].ids, gamma_max, nodes=dcfg.tree.nodes))
         for entry in entries:
             try:
                 policy = entry.build(ctx)

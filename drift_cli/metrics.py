@@ -41,6 +41,39 @@ def acceptance_by_position(steps, gamma: int) -> list[float | None]:
     return out
 
 
+def acceptance_by_depth(steps, gamma: int) -> list[float | None]:
+    """Trees: P(depth d accepted | the walk reached a node with children at depth d), d = 1..gamma.
+    A tree's step records its accepted path as a chain (`drafted`: the path and the first
+    candidate tried below it), so this is `acceptance_by_position` over the tree steps; None for
+    a chain run."""
+    tree = [s for s in steps if getattr(s, "nodes", 0)]
+    return acceptance_by_position(tree, gamma) if tree else None
+
+
+def acceptance_by_sibling_rank(steps) -> list[float | None] | None:
+    """Trees: P(the child of sibling rank r is accepted | it was tried), r = 0, 1, ...: a child is
+    tried when every elder sibling was rejected. None for a chain run."""
+    tree = [s for s in steps if getattr(s, "nodes", 0)]
+    if not tree:
+        return None
+    width = max([r + 1 for s in tree for r in s.ranks] + [s.tried for s in tree] + [1])
+    tried, hit = [0] * width, [0] * width
+    for s in tree:
+        for r in s.ranks:                        # ranks 0..r tried, r accepted
+            for i in range(r + 1):
+                tried[i] += 1
+            hit[r] += 1
+        for i in range(s.tried):                 # every child of the last node tried, none accepted
+            tried[i] += 1
+    return [h / t if t else None for h, t in zip(hit, tried, strict=True)]
+
+
+def nodes_per_step(steps) -> float | None:
+    """Trees: the mean tree size per iteration (nodes the target scored besides the root)."""
+    tree = [s for s in steps if getattr(s, "nodes", 0)]
+    return _sum(tree, "nodes") / len(steps) if tree else None
+
+
 def accept_length_histogram(steps, gamma: int) -> list[int]:
     """Iterations (that drafted something) by number of accepted drafts, 0..gamma."""
     hist = [0] * (gamma + 1)
@@ -452,6 +485,9 @@ def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True, verify_rat
         "acceptance_ci95": acceptance_ci(run.generations),
         "acceptance_by_position": acceptance_by_position(steps, gamma),
         "accept_length_histogram": accept_length_histogram(steps, gamma),
+        "acceptance_by_depth": acceptance_by_depth(steps, gamma),
+        "acceptance_by_sibling_rank": acceptance_by_sibling_rank(steps),
+        "nodes_per_step": nodes_per_step(steps),
         "mean_accepted_length": mean_accepted_length(steps),
         "mean_accepted_drafts": mean_accepted_drafts(steps),
         "tokens_per_s": tokens_per_s(steps),

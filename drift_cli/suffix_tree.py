@@ -20,6 +20,7 @@ expected number of accepted tokens under the counts) wins, the longer match on t
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
@@ -39,6 +40,14 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)   # path probability of each drafted token
     score: float = 0.0                                  # sum(probs): expected accepted tokens
+    match_len: int = 0
+
+
+@dataclass
+class TreeDraft:
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)    # per node: its parent's index, -1 for the root's children
+    score: float = 0.0                                  # sum of the nodes' path probabilities
     match_len: int = 0
 
 
@@ -217,6 +226,49 @@ class SuffixTrie:
                 draft.match_len = m
                 best = draft
         return best
+
+    def speculate_tree(self, pattern: Sequence[int], max_depth: int, max_nodes: int, max_spec_factor: float = 1.0,
+                       min_token_prob: float = 0.1) -> TreeDraft:
+        """SuffixDecoding's speculation tree: at the match length `speculate` picks, grow the tree
+        from the matched node best-first by path probability (a child's is its parent's times
+        count / parent count), at most max_nodes nodes, depth <= min(max_depth, floor(m x
+        max_spec_factor)), path probability >= min_token_prob. Nodes come parents first,
+        siblings by descending count."""
+        chain = self.speculate(pattern, max_depth, max_spec_factor, min_token_prob)
+        tree = TreeDraft()
+        if not chain.tokens:
+            return tree
+        m = chain.match_len
+        limit = min(max_depth, int(m * max_spec_factor + 1e-6))
+        heap: list[tuple[float, int, int, int, tuple]] = []        # (-prob, order, parent, depth, pos)
+        order = 0
+
+        def push(pos, parent: int, depth: int, prob: float) -> None:
+            nonlocal order
+            if depth >= limit:
+                return
+            for token, child, count in sorted(self._next(pos), key=lambda o: -o[2]):
+                p = prob * count / pos[0].count
+                if p >= min_token_prob:
+                    node, extra, d = pos
+                    nxt = (node, extra + 1, d + 1) if child is None else (child, 0, d + 1)
+                    heapq.heappush(heap, (-p, order, parent, depth + 1, (token, nxt)))
+                    order += 1
+        push(self._find(pattern[len(pattern) - m:]), -1, 0, 1.0)
+        found: list[tuple[int, int, int, int, float]] = []           # (depth, order, parent, token, prob)
+        while heap and len(found) < max_nodes:
+            neg, o, parent, depth, (token, pos) = heapq.heappop(heap)
+            found.append((depth, o, parent, token, -neg))
+            push(pos, len(found) - 1, depth, -neg)
+        ranked = sorted(range(len(found)), key=lambda i: (found[i][0], found[i][1]))
+        new = {old: i for i, old in enumerate(ranked)}
+        for old in ranked:
+            _, _, parent, token, prob = found[old]
+            tree.tokens.append(token)
+            tree.parents.append(-1 if parent == -1 else new[parent])
+            tree.score += prob
+        tree.match_len = m
+        return tree
 
     def materialised_nodes(self) -> int:
         """Walk the trie and count its nodes (a check of `nodes`; O(nodes))."""

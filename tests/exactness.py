@@ -18,6 +18,7 @@ from drift_cli.engine.gamma import GammaConfig
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.loop import DecodeConfig, generate, run_stream
 from drift_cli.engine.sampling import Sampler
+from drift_cli.engine.tree import TreeConfig
 from drift_cli.methods.base import DraftPolicy
 from drift_cli.stream import Prompt, Stream
 from tests.scale import scaled
@@ -54,6 +55,7 @@ def sample_first_tokens(
     seed: int = 0,
     batch: int = 1,
     gamma_policy: GammaConfig = GammaConfig(),
+    tree: TreeConfig = TreeConfig(),
 ) -> dict[tuple[int, ...], int]:
     """batch 1: `generate` once per sample; batch B: one stream of `samples` copies of the prompt,
     B rows at a time (continuous batching). Adaptive state and the γ controller persist across
@@ -63,7 +65,7 @@ def sample_first_tokens(
     lm = CausalLM(target, "target")
     policy = make_policy()
     cfg = DecodeConfig(gamma=gamma, max_new_tokens=n_tokens + gamma, temperature=temperature, top_p=top_p,
-                       seed=seed, batch_size=batch, gamma_policy=gamma_policy)
+                       seed=seed, batch_size=batch, gamma_policy=gamma_policy, tree=tree)
     if batch > 1:
         stream = Stream("exactness", "test", [Prompt(tuple(prompt), f"s{i}") for i in range(samples)], n_tokens + gamma)
         outputs = [g.output_ids for g in run_stream(lm, policy, stream, cfg).generations]

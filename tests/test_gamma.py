@@ -212,3 +212,11 @@ def test_profile_costs_measures_every_width_and_resets_the_caches():
     assert profile.verify_ratio()[0] == 1.0
     assert lm_t.cache_len == 0 and lm_d.cache_len == 0
     assert profile_costs(lm_t, None, [1, 2], 2, reps=1).draft_ms_per_token == 0.0
+
+
+def test_profile_costs_reaches_the_tree_node_budget():
+    """With --tree-nodes N the target is profiled up to N + 1 positions (a tree and its root)."""
+    draft, target = tiny_pair()
+    profile = profile_costs(CausalLM(target, "target"), None, [1, 2, 3], 2, reps=1, nodes=8)
+    assert len(profile.verify_ms) == 9 and all(v > 0 for v in profile.verify_ms)
+    assert profile.node_ms(8) == profile.verify_ms[8] and profile.node_ms(9) is None

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from drift_cli.engine.tree import ROOT, children
+
 
 def accepted_prefix(ok: torch.Tensor) -> torch.Tensor:
     """ok: [B, k] bool per position -> [B] length of the all-true prefix."""
@@ -82,3 +84,97 @@ def accept_sampling(
     residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p.gather(1, idx).squeeze(1))
     next_token = torch.multinomial(residual, 1, generator=generator).squeeze(1)
     return accepted, next_token
+
+
+# -- trees (drift_cli.engine.tree) -----------------------------------------------------------------
+#
+# Greedy: from the root, follow the child whose token is the target's argmax; emit the argmax at
+# the first node none of whose children matches.
+#
+# Sampling (the multi-candidate rule of SpecInfer, with siblings drawn without replacement as in
+# recursive rejection sampling): at a node with target distribution p, let r = p and try its
+# children c_1, c_2, ... in sibling order. Child c_i holds x_i, drawn from q_i: its parent's
+# proposal q with the elder siblings' tokens removed and renormalised (a point mass when the
+# drafter chose it deterministically). Accept c_i with probability min(1, r(x_i) / q_i(x_i)) and
+# descend into it; on rejection r <- norm(max(r - q_i, 0)). When every child is rejected (or the
+# node is a leaf) the next token is drawn from r. A chain is the tree with one child per node, and
+# then this is exactly `accept_sampling`, with the same random numbers: one uniform per node
+# ([B, N] drawn at once), one multinomial over all rows' final distributions.
+
+
+def accept_tree_greedy(tokens: torch.Tensor, parents: list[list[int]],
+                       target_logits: torch.Tensor) -> tuple[list[list[int]], torch.Tensor]:
+    """tokens [B, N]; parents per row; target_logits [B, N+1, V] (index 0: the root, i + 1: node i).
+
+    Returns (accepted path per row: node indices from the root down, next_token [B])."""
+    best = target_logits.argmax(dim=-1)                    # [B, N+1]
+    host, toks = best.tolist(), tokens.tolist()
+    paths, nxt = [], []
+    for b, par in enumerate(parents):
+        kids, path, at = children(par), [], ROOT
+        while True:
+            want = host[b][at + 1]
+            hit = next((c for c in kids[at + 1] if toks[b][c] == want), None)
+            if hit is None:
+                break
+            path.append(hit)
+            at = hit
+        paths.append(path)
+        nxt.append(host[b][at + 1])
+    return paths, torch.tensor(nxt, dtype=torch.long, device=target_logits.device)
+
+
+def accept_tree_sampling(tokens: torch.Tensor, parents: list[list[int]], q: torch.Tensor | None, p: torch.Tensor,
+                         generator: torch.Generator | None = None,
+                         against_p: bool = False) -> tuple[list[list[int]], torch.Tensor]:
+    """tokens [B, N]; parents per row; q [B, N, V] each node's proposal before sibling removal (None:
+    point masses); p [B, N+1, V] target probs (index 0: the root, i + 1: node i).
+
+    Returns (accepted path per row, next_token [B]). against_p: a deliberately wrong rule for the
+    tests (each sibling tried against p instead of the residual); never used by the engine."""
+    b, n = tokens.shape
+    u = torch.rand((b, n), generator=generator, device=p.device)
+    toks = tokens.tolist()
+    paths, finals = [], []
+    for row, par in enumerate(parents):
+        kids, path, at = children(par), [], ROOT
+        r, fresh = p[row, 0], True          # fresh: r is the node's p itself, no sibling rejected
+        while True:
+            hit, removed = None, []
+            for c in kids[at + 1]:
+                x = toks[row][c]
+                qc = _sibling_q(q, row, c, x, removed, r)
+                if float(u[row, c] * qc[x]) < float((p[row, at + 1] if against_p else r)[x]):
+                    hit = c
+                    break
+                r, fresh = _residual(r, qc), False
+                removed.append(x)
+            if hit is None:
+                break
+            path.append(hit)
+            at = hit
+            r, fresh = p[row, at + 1], True
+        paths.append(path)
+        finals.append(r / r.sum() if fresh else r)          # the bonus, normalised as `accept_sampling` does
+    next_token = torch.multinomial(torch.stack(finals), 1, generator=generator).squeeze(1)
+    return paths, next_token
+
+
+def _sibling_q(q: torch.Tensor | None, row: int, node: int, x: int, removed: list[int],
+               like: torch.Tensor) -> torch.Tensor:
+    """The distribution sibling `node` (token x) was drawn from: its parent's proposal without the
+    elder siblings' tokens, renormalised; a point mass at x when q is None."""
+    if q is None:
+        return torch.zeros_like(like).index_fill_(0, torch.tensor([x], device=like.device), 1.0)
+    qc = q[row, node]
+    if removed:
+        qc = qc.index_fill(0, torch.tensor(removed, device=qc.device), 0.0)
+        qc = qc / qc.sum()
+    return qc
+
+
+def _residual(r: torch.Tensor, qc: torch.Tensor) -> torch.Tensor:
+    """norm(max(r - q, 0)); r itself when that has no mass (r == q: rejection had probability 0)."""
+    res = (r - qc).clamp_(min=0)
+    mass = res.sum()
+    return res / mass if mass > 0 else r

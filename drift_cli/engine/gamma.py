@@ -55,7 +55,8 @@ class GammaConfig(Settings):
 @dataclass(frozen=True)
 class CostProfile:
     """Measured costs before the stream (`profile_costs`): the target scoring w = 1..γ+1 tokens
-    after the first prompt (ms per width) and the draft's one-token step, each beside its
+    after the first prompt (ms per width; with trees, w up to --tree-nodes + 1: a tree of n nodes
+    is scored with its root, n + 1 positions) and the draft's one-token step, each beside its
     weight-read floor (`drift_cli.engine.floor`: the bytes a forward must read over the read
     bandwidth measured in the same process; None where not measured)."""
 
@@ -70,6 +71,10 @@ class CostProfile:
     def verify_ratio(self) -> list[float]:
         """Cost of scoring k+1 tokens against one, k = 0..γ."""
         return [v / self.verify_ms[0] for v in self.verify_ms]
+
+    def node_ms(self, nodes: int) -> float | None:
+        """The verification cost of a tree of `nodes` nodes (None: not profiled that wide)."""
+        return self.verify_ms[nodes] if nodes < len(self.verify_ms) else None
 
     def to_json(self) -> dict:
         out = {"verify_ms": list(self.verify_ms), "verify_ratio": self.verify_ratio(),
@@ -98,19 +103,21 @@ def _forward_ms(lm, ids: torch.Tensor) -> float:
 
 
 def profile_costs(target, draft, prompt: Sequence[int], gamma: int, reps: int = 7,
-                  draft_widths: int = 1) -> CostProfile:
-    """Profile the target at widths 1..γ+1 and the draft at widths 1..draft_widths (CausalLMs;
-    draft may be None) after `prompt`, and each one's weight-read floor: the widths and the
-    read are interleaved rep by rep, so that a busy spell of a shared machine lands on all of
-    them, and each keeps its fastest rep (the first is a warm-up). Leaves both caches reset."""
+                  draft_widths: int = 1, nodes: int = 0) -> CostProfile:
+    """Profile the target at widths 1..max(γ, nodes)+1 (nodes: the tree budget, `--tree-nodes`)
+    and the draft at widths 1..draft_widths (CausalLMs; draft may be None) after `prompt`, and
+    each one's weight-read floor: the widths and the read are interleaved rep by rep, so that a
+    busy spell of a shared machine lands on all of them, and each keeps its fastest rep (the
+    first is a warm-up). Leaves both caches reset."""
     import torch
 
     from drift_cli.engine import floor
 
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=target.device)
-    feed = ids[:, -1:].repeat(1, max(gamma + 1, draft_widths))
+    widest = max(gamma, nodes) + 1
+    feed = ids[:, -1:].repeat(1, max(widest, draft_widths))
     out, floors, sizes = [], [], []
-    for lm, widths in ((target, range(1, gamma + 2)), (draft, range(1, draft_widths + 1))):
+    for lm, widths in ((target, range(1, widest + 1)), (draft, range(1, draft_widths + 1))):
         if lm is None:
             out.append([0.0])
             floors.append(None)

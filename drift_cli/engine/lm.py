@@ -93,6 +93,14 @@ class RowCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return max(self.lengths)
 
+    def keep(self, rows: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """Move entries: (rows[i], sources[i]) -> (rows[i], targets[i]) in every layer, in one
+        gather per buffer (the sources are read before anything is written)."""
+        for store in (self.keys, self.values):
+            for buf in store:
+                if buf is not None:
+                    buf[rows, :, targets] = buf[rows, :, sources]
+
 
 class CausalLM:
     """One model plus its KV cache. `cache_len` counts the positions the cache holds (batch 1);
@@ -167,10 +175,11 @@ class CausalLM:
 
     # -- batches: one committed length per slot --------------------------------------------------
 
-    def reset_rows(self, slots: int) -> None:
-        """Empty caches for `slots` rows (1: the batch-1 `DynamicCache` path)."""
+    def reset_rows(self, slots: int, row_cache: bool = False) -> None:
+        """Empty caches for `slots` rows (1: the batch-1 `DynamicCache` path, unless row_cache:
+        trees need the RowCache's 4D mask at every batch size)."""
         self.reset()
-        if slots > 1:
+        if slots > 1 or row_cache:
             self.rows = RowCache(slots)
 
     def reset_row(self, slot: int) -> None:
@@ -199,12 +208,30 @@ class CausalLM:
             self.rows.lengths[s] = min(self.rows.lengths[s], n)
 
     @torch.inference_mode()
-    def forward_rows(self, slots: list[int], feeds: list[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def keep_rows(self, slots: list[int], sources: list[list[int]], starts: list[int]) -> None:
+        """After a tree: row slots[i]'s cache entries at positions sources[i] move to starts[i],
+        starts[i] + 1, ..., and the row keeps starts[i] + len(sources[i]) positions. One gather."""
+        assert self.rows is not None, "trees use the RowCache (reset_rows(n, row_cache=True))"
+        rows, src, dst = [], [], []
+        for slot, path, start in zip(slots, sources, starts, strict=True):
+            rows += [slot] * len(path)
+            src += path
+            dst += range(start, start + len(path))
+            self.rows.lengths[slot] = start + len(path)
+        if src != dst:
+            as_index = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
+            self.rows.keep(as_index(rows), as_index(src), as_index(dst))
+
+    @torch.inference_mode()
+    def forward_rows(self, slots: list[int], feeds: list[torch.Tensor] | torch.Tensor,
+                     attend=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run feeds[i] (1-D ids; or a [R, S] tensor: every row S ids) after row slots[i]'s
         cached prefix, all rows in one pass.
 
         Returns (hidden [R, S, d], logits [R, S, V]) with S the longest feed; row i's outputs
         are its first len(feeds[i]) positions (the rest is padding: computed, then rolled back).
+        attend: a tree's `drift_cli.engine.tree.Attention` (positions, visibility) instead of the
+        causal one; the feeds are still written at the rows' next cache slots.
         """
         if self.rows is None:
             return self.forward(feeds if isinstance(feeds, torch.Tensor) else feeds[0][None])
@@ -223,7 +250,10 @@ class CausalLM:
         cache.begin(slots, pos, kv_len)
         # query (row, i) sees key j <= its own position; padding queries are finite tokens of the
         # row too (so no row of the softmax is empty), rolled back below
-        visible = torch.arange(kv_len, device=device) <= pos[..., None]       # [R, S, kv_len]
+        if attend is None:
+            visible = torch.arange(kv_len, device=device) <= pos[..., None]   # [R, S, kv_len]
+        else:
+            pos, visible = attend.positions, attend.visible
         dtype = self.head.linear.weight.dtype
         mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
         with self.clock.span(f"forward_{self.name}"):

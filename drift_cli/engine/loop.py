@@ -30,13 +30,15 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from drift_cli import interrupt
-from drift_cli.engine.acceptance import accept_greedy, accept_sampling
+from drift_cli.engine.acceptance import accept_greedy, accept_sampling, accept_tree_greedy, accept_tree_sampling
 from drift_cli.engine.gamma import CostProfile, GammaConfig, GammaController, controller as gamma_controller
 from drift_cli.engine.graphs import prepare_policy
 from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.sampling import Sampler
 from drift_cli.engine.timing import IterationClock
-from drift_cli.engine.policy import DraftPolicy, Feedback, Proposal, Rows
+from drift_cli.engine.policy import DraftPolicy, Feedback, Proposal, Rows, TreeStep
+from drift_cli.engine import tree as trees
+from drift_cli.engine.tree import TreeConfig, TreeProposal
 from drift_cli.stream import Stream
 
 
@@ -51,6 +53,7 @@ class DecodeConfig:
     batch_size: int = 1          # slots decoded together (continuous batching)
     gamma_policy: GammaConfig = GammaConfig()   # --gamma caps the adaptive policies
     cost_profile: CostProfile | None = None     # the cost controller's measured costs
+    tree: TreeConfig = TreeConfig()             # --tree-nodes: token trees (γ caps their depth); off: chains
 
     def controller(self) -> GammaController:
         """A fresh γ controller (one per stream)."""
@@ -83,6 +86,12 @@ class StepRecord:
     #                              "none" with no draft budget); "" for a single-source method
     choose_ms: float = 0.0       # `hybrid` choosing the row's source (the rule, the merge of the two
     #                              sources' proposals, the labels), inside draft_ms
+    # trees (--tree-nodes; 0 / empty for chains): the tree's nodes, the sibling rank of each accepted
+    # node (depth 1 first), and how many children of the last accepted node (or the root) were tried,
+    # all rejected. With trees, `drafted` and `accepted` are along the accepted path (its chain view).
+    nodes: int = 0
+    ranks: list[int] = field(default_factory=list)
+    tried: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -168,6 +177,60 @@ def verify(target: CausalLM, context: Rows, proposal: Proposal, sampler: Sampler
     return hidden, logits, accepted, next_token, features
 
 
+def verify_tree(target: CausalLM, context: Rows, tree: TreeProposal, sampler: Sampler):
+    """Score every row's [committed tokens the cache lacks, tree nodes] in one pass (each node sees
+    the committed prefix and its ancestors) and apply the tree rule; then one gather moves the
+    accepted path's entries into place in the target's cache.
+
+    Returns (target_hidden [B, N+1, d], target_logits [B, N+1, V] (0: the root, i + 1: node i),
+    paths, next_token [B], target_features [B, N+1, F] or None)."""
+    n = tree.width
+    starts = [target.row_len(s) for s in context.slots]
+    prefix = [len(ids) - s for s, ids in zip(starts, context.ids, strict=True)]
+    feeds = [torch.cat([ids[s:], tree.tokens[b, :len(par)]])
+             for b, (s, ids, par) in enumerate(zip(starts, context.ids, tree.parents, strict=True))]
+    width = max(len(f) for f in feeds)
+    attend = trees.verify_attention(starts, prefix, tree.parents, width, target.device)
+    hidden, logits = target.forward_rows(context.slots, feeds, attend=attend)
+    at = torch.tensor([[f - 1] + [f + i if i < len(par) else f - 1 for i in range(n)]
+                       for f, par in zip(prefix, tree.parents, strict=True)], device=logits.device)   # [B, N+1]
+    rows = torch.arange(len(feeds), device=logits.device)[:, None]
+    hidden, logits = hidden[rows, at], logits[rows, at]
+    features = None if target.features is None else target.features[rows, at]
+    if sampler.greedy:
+        paths, next_token = accept_tree_greedy(tree.tokens, tree.parents, logits)
+    else:
+        p = sampler.probs(sampler.sampling_logits(logits))
+        paths, next_token = accept_tree_sampling(tree.tokens, tree.parents, tree.q, p, sampler.generator)
+    committed = [s + f for s, f in zip(starts, prefix, strict=True)]      # the row's slots after the prefix
+    target.keep_rows(context.slots, [[c + i for i in path] for c, path in zip(committed, paths, strict=True)], committed)
+    return hidden, logits, paths, next_token, features
+
+
+def along_paths(tree: TreeProposal, paths: list[list[int]], hidden: torch.Tensor, logits: torch.Tensor,
+                features: torch.Tensor | None):
+    """The chain view of a verified tree (`drift_cli.engine.tree.chain_view`): a Proposal of each
+    row's accepted path and first rejected candidate, with the target's hidden states, logits and
+    features at [root, those nodes] and accepted [B], as `verify` returns them for a chain."""
+    views = [trees.chain_view(par, path) for par, path in zip(tree.parents, paths, strict=True)]
+    m = max((len(v) for v in views), default=0)
+    device = logits.device
+    accepted = torch.tensor([len(p) for p in paths], dtype=torch.long)
+    scored = torch.tensor([[0] + [i + 1 for i in v] + [v[-1] + 1 if v else 0] * (m - len(v)) for v in views],
+                          device=device)                                            # [B, m+1]
+    rows = torch.arange(len(views), device=device)[:, None]
+    at = lambda t: t[rows, scored]  # noqa: E731
+    if m == 0:
+        prop = Proposal(tree.tokens[:, :0], source=tree.source)
+    else:
+        nodes = scored[:, 1:] - 1
+        pick = lambda t: None if t is None else t[rows, nodes]  # noqa: E731
+        lengths = [len(v) for v in views]
+        prop = Proposal(pick(tree.tokens), pick(tree.q), pick(tree.hidden), pick(tree.base_logits),
+                        source=tree.source).fit(lengths)
+    return prop, at(hidden), at(logits), accepted.to(device), None if features is None else at(features)
+
+
 @dataclass
 class _Row:
     """A slot's prompt while it decodes."""
@@ -236,7 +299,8 @@ class Decoder:
     def _run(self, prompts: list, out: list[Generation], step0: int, on_done) -> int:
         cfg, policy, target = self.cfg, self.policy, self.target
         b = max(1, min(cfg.batch_size, len(prompts)))   # slots beyond the prompts would stay empty
-        target.reset_rows(b)
+        target.reset_rows(b, row_cache=cfg.tree.on)
+        policy.tree = cfg.tree
         policy.begin_batch(b)
         queue = iter(prompts)
         slots: list[_Row | None] = [None] * b
@@ -267,6 +331,25 @@ class Decoder:
         return Generation(row.index, row.prompt_ids, output.tolist(), row.steps, row.prefill_ms, row.hit_eos,
                           row.admitted_ms, self._now_ms())
 
+    def _tree_step(self, context: Rows, budget: list[int], room: int):
+        """Draft a tree per row, verify all rows' nodes in one target pass, and move the accepted
+        paths' cache entries into place (the target's here, the drafter's in `accept_tree`).
+        Returns (the chain view's proposal, the TreeStep, verify's results along the chain view)."""
+        policy, sampler, clock = self.policy, self.sampler, self.clock
+        with clock.span("draft"):
+            if room > 0:
+                tree = policy.propose_tree(context, room, sampler)
+            else:
+                tree = TreeProposal(context.ids[0].new_zeros(len(context), 0), [[] for _ in context.slots])
+            tree, kept = trees.fit(tree, [max(0, m) for m in budget], self.cfg.eos_id)
+        with clock.span("verify"):
+            hidden, logits, paths, next_token, features = verify_tree(self.target, context, tree, sampler)
+            proposal, *scored = along_paths(tree, paths, hidden, logits, features)
+        if room > 0:                      # the paths in the drafter's own numbering
+            policy.accept_tree(paths if kept is None else [[k[i] for i in p] for k, p in zip(kept, paths, strict=True)])
+        target_hidden, target_logits, accepted, features = scored
+        return proposal, TreeStep(tree, logits, paths), (target_hidden, target_logits, accepted, next_token, features)
+
     def iteration(self, active: list[int], rows: list[_Row], step: int) -> None:
         cfg, policy, target, sampler, clock = self.cfg, self.policy, self.target, self.sampler, self.clock
         t_start = time.perf_counter()
@@ -274,16 +357,22 @@ class Decoder:
         budget = [draft_budget(gamma, cfg.max_new_tokens, r.produced) for r in rows]
         context = Rows(active, [r.ids for r in rows], [r.tenant for r in rows], budget)
         room = max(budget)
-        with clock.span("draft"):
-            proposal = policy.propose(context, room, sampler) if room > 0 else DraftPolicy.propose(policy, context, 0, sampler)
-            lengths = proposal.lengths
-            fitted = [min(n, max(0, m)) for n, m in zip(lengths, budget, strict=True)]
-            if fitted != lengths:
-                proposal = proposal.fit(fitted)
-            proposal = _cut_at_eos(proposal, cfg.eos_id)
-        with clock.span("verify"):
-            target_hidden, target_logits, accepted, next_token, features = verify(target, context, proposal, sampler)
-            acc = accepted.tolist()  # the one host read per iteration
+        if cfg.tree.on:
+            proposal, tree, (target_hidden, target_logits, accepted, next_token, features) = \
+                self._tree_step(context, budget, room)
+            acc = accepted.tolist()
+        else:
+            tree = None
+            with clock.span("draft"):
+                proposal = policy.propose(context, room, sampler) if room > 0 else DraftPolicy.propose(policy, context, 0, sampler)
+                lengths = proposal.lengths
+                fitted = [min(n, max(0, m)) for n, m in zip(lengths, budget, strict=True)]
+                if fitted != lengths:
+                    proposal = proposal.fit(fitted)
+                proposal = _cut_at_eos(proposal, cfg.eos_id)
+            with clock.span("verify"):
+                target_hidden, target_logits, accepted, next_token, features = verify(target, context, proposal, sampler)
+                acc = accepted.tolist()  # the one host read per iteration
         drafted, nxt = proposal.lengths, next_token.tolist()
         tokens = proposal.tokens.tolist() if proposal.k else [[] for _ in rows]
         new_ids, emitted = [], []
@@ -300,7 +389,7 @@ class Decoder:
         policy.commit(context.with_ids(new_ids, scored))
         with clock.span("adapt"):
             policy.observe(Feedback(context, proposal, target_logits, accepted, next_token, sampler, step, target_hidden,
-                                    features))
+                                    features, tree))
         ms = clock.read()
         share = 1.0 / len(rows)
         total = (time.perf_counter() - t_start) * 1e3
@@ -318,7 +407,7 @@ class Decoder:
                 prompt=row.index, step=step, drafted=drafted[r], accepted=acc[r], emitted=emitted[r], **split,
                 # instrumentation, outside the timed iteration:
                 target_entropy=_entropy(target_logits[r, : drafted[r]]) if drafted[r] else [],
-                slot=active[r], batch=len(rows), gamma=gamma, source=sources[r]))
+                slot=active[r], batch=len(rows), gamma=gamma, source=sources[r], **_tree_record(tree, r)))
             row.steps.append(records[-1])
             row.ids = new_ids[r]
             row.produced += emitted[r]
@@ -331,6 +420,16 @@ class Decoder:
         for record in records:
             record.total_ms += ctl_ms
             record.other_ms += ctl_ms
+
+
+def _tree_record(tree: TreeStep | None, r: int) -> dict:
+    """Row r's tree figures for its StepRecord (nothing for a chain)."""
+    if tree is None:
+        return {}
+    parents, path = tree.proposal.parents[r], tree.paths[r]
+    ranks = trees.sibling_ranks(parents)
+    last = path[-1] if path else trees.ROOT
+    return dict(nodes=len(parents), ranks=[ranks[i] for i in path], tried=len(trees.children(parents)[last + 1]))
 
 
 def generate(

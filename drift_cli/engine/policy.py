@@ -35,6 +35,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 import torch
 
 from drift_cli.engine.sampling import Sampler
+from drift_cli.engine.tree import TreeConfig, TreeProposal, chain_parents
 from drift_cli.engine.timing import IterationClock, NullClock
 
 
@@ -141,6 +142,18 @@ class Feedback:
     step: int                    # verification step index within the stream
     target_hidden: torch.Tensor | None = None  # [B, k+1, d_target] the target's lm_head inputs
     target_features: torch.Tensor | None = None  # [B, k+1, F] the policy's `target_layers` there (or None)
+    # trees (`--tree-nodes`): the proposal is the chain view of the accepted path (each row's path, then
+    # its first rejected candidate; `drift_cli.engine.tree.chain_view`), and this holds the whole step
+    tree: "TreeStep | None" = None
+
+
+@dataclass
+class TreeStep:
+    """What verifying a tree revealed, beyond the chain view."""
+
+    proposal: TreeProposal
+    target_logits: torch.Tensor              # [B, N+1, V] raw target logits: [:, 0] at the root, [:, i + 1] at node i
+    paths: list[list[int]]                   # per row: the accepted nodes, from the root down
 
 
 S = TypeVar("S")
@@ -195,6 +208,8 @@ class DraftPolicy:
     # Set by the engine before `begin_prompt` when target_layers is not empty: the prompt's features
     # [P-1, F] at its positions but the last (None for a one-token prompt).
     prompt_features: torch.Tensor | None = None
+    # Set by the engine before `begin_batch`: the trees asked for (`--tree-nodes`; off: chains)
+    tree: TreeConfig = TreeConfig()
 
     @classmethod
     def build(cls, ctx: MethodContext) -> "DraftPolicy":
@@ -213,6 +228,17 @@ class DraftPolicy:
         """Draft up to gamma tokens (and row b at most context.budget[b]) after each row."""
         rows = as_rows(context)
         return Proposal(tokens=torch.empty((len(rows), 0), dtype=torch.long, device=rows.ids[0].device))
+
+    def propose_tree(self, context: Rows, gamma: int, sampler: Sampler) -> TreeProposal:
+        """Draft a tree of at most `self.tree.nodes` nodes and depth gamma (row b: context.budget[b])
+        after each row. Here: the chain `propose` drafts, as a tree (one child per node)."""
+        prop = self.propose(context, gamma, sampler)
+        return TreeProposal(prop.tokens, [chain_parents(n) if n else [] for n in prop.lengths], prop.q, prop.hidden,
+                            prop.base_logits, prop.source)
+
+    def accept_tree(self, paths: list[list[int]]) -> None:
+        """After a tree's verification, before `commit`: each row's accepted nodes (from the root
+        down) of the last `propose_tree`, so that the drafter moves their cache entries into place."""
 
     def commit(self, context: Rows) -> None:
         """The rows' committed sequences after verification: roll caches back to them."""

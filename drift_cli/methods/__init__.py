@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from drift_cli.drift.config import DriftConfig, DriftFiles
 from drift_cli.engine.gamma import GammaConfig
+from drift_cli.engine.tree import TreeConfig
 from drift_cli.errors import BadInput
 from drift_cli.methods.settings import HybridConfig, OfflineConfig, PldConfig, ResidualConfig, SuffixConfig
 from drift_cli.osd.config import OSDConfig
@@ -124,8 +125,9 @@ def method_settings(name: str) -> tuple[type, ...]:
 
 def settings_classes(names: list[str] | None = None) -> list[type]:
     """The settings dataclasses of these registered methods (default: all), each once, in order,
-    after the γ controller's (`--gamma-policy`, which every drafting method composes with)."""
-    out: list[type] = [GammaConfig]
+    after the γ controller's (`--gamma-policy`) and the tree's (`--tree-nodes`), which every
+    drafting method composes with."""
+    out: list[type] = [GammaConfig, TreeConfig]
     for name in METHODS.names() if names is None else names:
         out += [c for c in method_settings(name) if c not in out]
     return out

@@ -17,6 +17,8 @@ from drift_cli.engine.graphs import make_lm
 from drift_cli.engine.policy import (DraftPolicy, Feedback, MethodContext, Proposal, Rows, as_rows,  # noqa: F401
                                      ragged)
 from drift_cli.engine.sampling import Sampler
+from drift_cli.engine.tree import TreeProposal
+from drift_cli.errors import BadInput
 
 
 def draft_lm(draft: torch.nn.Module, name: str = "draft"):
@@ -51,8 +53,20 @@ class ModelDraftPolicy(DraftPolicy):
         assert ctx.draft is not None, f"method {cls.name} needs a draft model"
         return cls(ctx.draft)
 
+    @property
+    def drafts_trees(self) -> bool:
+        """Whether `propose_tree` grows real trees: a draft model with --tree-nodes (an EAGLE head
+        is refused in `begin_batch`)."""
+        return self.tree.on and isinstance(self.lm, CausalLM)
+
     def begin_batch(self, slots: int) -> None:
-        self.lm.reset_rows(slots)
+        if self.tree.on and not isinstance(self.lm, CausalLM):
+            raise BadInput(f"--tree-nodes: method {self.name} on an EAGLE head drafts chains only (the head's "
+                           "tree expansion is not built); use the layer draft, or no --tree-nodes")
+        if self.drafts_trees:
+            self.lm.reset_rows(slots, row_cache=True)        # trees need the RowCache's mask at B = 1 too
+        else:
+            self.lm.reset_rows(slots)
 
     def begin_prompt(self, prompt: torch.Tensor, tenant: str | None = None) -> None:
         self.lm.reset_row(self.slot)
@@ -105,6 +119,36 @@ class ModelDraftPolicy(DraftPolicy):
             base_logits=torch.stack(zs, 1),
             top_prob=torch.stack(tops, 1) if tops else None,
         ).fit([min(n, len(tokens)) for n in budgets])   # the confidence stop may end it early
+
+    def adjust_nodes(self, hidden: torch.Tensor, logits: torch.Tensor, rows: list[int], sampler: Sampler) -> torch.Tensor:
+        """A tree's frontier: hidden [F, d], sampling-space logits [F, V], rows[i] the context row of
+        node i -> the logits to draw from. `adjust` itself unless the method needs the rows."""
+        return self.adjust(hidden, logits, sampler)
+
+    def propose_tree(self, context: Rows, gamma: int, sampler: Sampler) -> TreeProposal:
+        """A tree per row (`drift_cli.methods.tree_draft`)."""
+        if not self.drafts_trees:
+            return super().propose_tree(context, gamma, sampler)
+        from drift_cli.methods.tree_draft import draft_tree
+
+        self._slots = as_rows(context).slots
+        tree, self._drafted = draft_tree(self, context, gamma, sampler)
+        return tree
+
+    def accept_tree(self, paths: list[list[int]]) -> None:
+        """Move the accepted path's draft cache entries into place: the leading accepted nodes that
+        were fed (expanded); the rest is fed again by the next proposal, as after a chain."""
+        if not self.drafts_trees:
+            return
+        drafted, fed = self._drafted, []
+        for slots, path in zip(drafted.slots, paths, strict=True):
+            run = []
+            for node in path:
+                if slots[node] is None:
+                    break
+                run.append(slots[node])
+            fed.append(run)
+        self.lm.keep_rows(self._slots, fed, drafted.base)
 
     def commit(self, context: Rows) -> None:
         context = as_rows(context)

@@ -30,6 +30,7 @@ from drift_cli.drift.config import DriftConfig, DriftFiles
 from drift_cli.drift.keymap import DraftShadow, KeyMapSpec, RidgeKeyMap
 from drift_cli.drift.snapshot import load_bank, save_bank
 from drift_cli.engine.sampling import Sampler
+from drift_cli.engine.tree import children
 from drift_cli.errors import BadInput
 from drift_cli.methods.base import Feedback, MethodContext, ModelDraftPolicy, Proposal, Rows, as_rows
 import drift_kernels
@@ -134,6 +135,16 @@ class DriftMethod(ModelDraftPolicy):
     # -- draft step ----------------------------------------------------------------------------
 
     def propose(self, context: Rows, gamma: int, sampler: Sampler) -> Proposal:
+        self._begin_proposal(context)
+        return super().propose(context, gamma, sampler)
+
+    def propose_tree(self, context: Rows, gamma: int, sampler: Sampler):
+        if self.drafts_trees and self.target_keyed:
+            raise BadInput("--key target-est does not draft trees yet: use --key draft with --tree-nodes")
+        self._begin_proposal(context)
+        return super().propose_tree(context, gamma, sampler)
+
+    def _begin_proposal(self, context: Rows) -> None:
         context = as_rows(context)
         self._groups = {}
         for i, slot in enumerate(context.slots):
@@ -142,7 +153,6 @@ class DriftMethod(ModelDraftPolicy):
         for tenant in self._groups:
             if (bank := self.banks.get(tenant)) is not None:
                 bank.begin_draft()
-        return super().propose(context, gamma, sampler)
 
     def adjust(self, hidden: torch.Tensor, logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
         """hidden [B, d], sampling-space logits [B, V] -> logits + λβ, each row from its tenant's
@@ -157,6 +167,21 @@ class DriftMethod(ModelDraftPolicy):
         for tenant, rows in self._groups.items():
             ix = torch.tensor(rows, device=logits.device)
             out[ix], step[tenant] = self._tenant_step(tenant, hidden[ix], logits[ix])
+        return out
+
+    def adjust_nodes(self, hidden: torch.Tensor, logits: torch.Tensor, rows: list[int], sampler: Sampler) -> torch.Tensor:
+        """A tree's frontier (node i of context row rows[i]): each node biased from its row's tenant's
+        bank, one retrieval per tenant per depth."""
+        tenant_of = {r: t for t, rs in self._groups.items() for r in rs}
+        by_tenant: dict[str, list[int]] = {}
+        for i, r in enumerate(rows):
+            by_tenant.setdefault(tenant_of[r], []).append(i)
+        if len(by_tenant) == 1:
+            return self._tenant_step(next(iter(by_tenant)), hidden, logits)[0]
+        out = logits.clone()
+        for tenant, nodes in by_tenant.items():
+            ix = torch.tensor(nodes, device=logits.device)
+            out[ix] = self._tenant_step(tenant, hidden[ix], logits[ix])[0]
         return out
 
     def _tenant_step(self, tenant: str, hidden: torch.Tensor, logits: torch.Tensor):
@@ -174,6 +199,9 @@ class DriftMethod(ModelDraftPolicy):
     def observe(self, feedback: Feedback) -> None:
         prop = feedback.proposal
         if prop.k == 0 or prop.hidden is None:
+            return
+        if feedback.tree is not None and self.drafts_trees:
+            self._observe_tree(feedback)
             return
         for tenant, rows in self._groups.items():     # each bank once, its rows in slot order
             self.tenant, self.bank = tenant, self.banks.get(tenant)
@@ -196,6 +224,38 @@ class DriftMethod(ModelDraftPolicy):
                 self._update_bank(feedback, rows, at)
             if self.target_keyed:      # after the bank update, which used the map of the draft step
                 self._learn_key_map(feedback) if at is None else self._learn_key_map(feedback, at)
+
+    def _observe_tree(self, feedback: Feedback) -> None:
+        """The update after a tree, each tenant's bank once with its rows' states in slot order:
+        `--tree-learn path`, the states along the accepted path (the chain view's positions: the
+        root, the accepted nodes, the node where the rule stopped when it has children); `all`,
+        every state the target scored that drew children (the root and every inner node). The
+        neighbours are retrieved again: the bank has not changed since the draft step."""
+        step, temp = feedback.tree, 1.0 if feedback.sampler.greedy else feedback.sampler.temperature
+        tree = step.proposal
+        for tenant, rows in self._groups.items():
+            bank = self.banks.get(tenant)
+            if bank is None:
+                continue
+            if self.tree.learn == "all":      # node i's state is its first child's parent state
+                kids = [children(tree.parents[r]) for r in rows]
+                picks = [(r, c[0], at) for r, ks in zip(rows, kids, strict=True)
+                         for at, c in enumerate(ks) if c]          # (row, first child, scored index)
+                row, node, scored = (list(x) for x in zip(*picks)) if picks else ([], [], [])
+                logits, base, hidden = step.target_logits, tree.base_logits, tree.hidden
+            else:
+                lengths = feedback.proposal.lengths
+                row = [r for r in rows for _ in range(lengths[r])]
+                node = scored = [t for r in rows for t in range(lengths[r])]
+                logits, base, hidden = feedback.target_logits, feedback.proposal.base_logits, feedback.proposal.hidden
+            if not row:
+                continue
+            with torch.inference_mode():
+                ix = torch.tensor(row, device=hidden.device)
+                h = hidden[ix, torch.tensor(node, device=hidden.device)]
+                logp = logits[ix, torch.tensor(scored, device=hidden.device)].float() / temp
+                logq = base[ix, torch.tensor(node, device=hidden.device)].float() / temp
+                bank.observe(h, bank.retrieve(h), logp, logq)
 
     def _update_bank(self, feedback: Feedback, rows: list[int], at) -> None:
         """The update through tensor operations (devices, the reference, target-est, ragged rows).

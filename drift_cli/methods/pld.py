@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from drift_cli.engine.sampling import Sampler
+from drift_cli.engine.tree import TreeProposal, from_paths, merge_paths
 from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal, Rows, as_rows, ragged
 from drift_cli.methods.settings import PldConfig
 
@@ -41,6 +42,16 @@ class NgramIndex:
             if e is not None:
                 return self.ids[e + 1:e + 1 + max_tokens]
         return []
+
+    def lookups(self, max_tokens: int) -> list[list[int]]:
+        """Several matches: for each suffix length n (longest first), the tokens after the most
+        recent earlier occurrence of the context's last n-gram; distinct ones only."""
+        out: list[list[int]] = []
+        for n in range(min(self.max_ngram, len(self.ids)), 0, -1):
+            e = self.last_end[n].get(tuple(self.ids[-n:]))
+            if e is not None and (found := self.ids[e + 1:e + 1 + max_tokens]) not in out:
+                out.append(found)
+        return out
 
     @property
     def entries(self) -> int:
@@ -78,6 +89,15 @@ class PromptLookup(DraftPolicy):
         found = [self.indexes[s].lookup(n) if n > 0 else []
                  for s, n in zip(context.slots, context.budgets(gamma), strict=True)]
         return ragged(found, context.ids[0].device)
+
+    def propose_tree(self, context: Rows, gamma: int, sampler: Sampler) -> TreeProposal:
+        """Several matches (`NgramIndex.lookups`) merged into one tree of at most --tree-nodes nodes."""
+        context = as_rows(context)
+        if not self.tree.on:
+            return super().propose_tree(context, gamma, sampler)
+        found = [merge_paths(self.indexes[s].lookups(n) if n > 0 else [], self.tree.nodes)
+                 for s, n in zip(context.slots, context.budgets(gamma), strict=True)]
+        return from_paths(found, context.ids[0].device)
 
     def commit(self, context: Rows) -> None:
         context = as_rows(context)

@@ -22,7 +22,8 @@ import torch
 from drift_cli.engine.sampling import Sampler
 from drift_cli.methods.base import DraftPolicy, MethodContext, Proposal, Rows, as_rows, ragged
 from drift_cli.methods.settings import SuffixConfig
-from drift_cli.suffix_tree import Draft, SuffixCache, SuffixTrie
+from drift_cli.engine.tree import TreeProposal, from_paths
+from drift_cli.suffix_tree import Draft, SuffixCache, SuffixTrie, TreeDraft
 
 DEFAULT_TENANT = "default"
 PROMPT_DOC = 0
@@ -90,6 +91,26 @@ class SuffixDecoding(DraftPolicy):
                 self.drafts_from[source] += 1
             rows.append(list(found.tokens))                                 # k <= its budget <= γ
         return ragged(rows, context.ids[0].device)
+
+    def propose_tree(self, context: Rows, gamma: int, sampler: Sampler) -> TreeProposal:
+        """SuffixDecoding's speculation trees (`SuffixTrie.speculate_tree`), the better-scoring of
+        the prompt trie's and the stream trie's per row, as point masses."""
+        context = as_rows(context)
+        if not self.tree.on:
+            return super().propose_tree(context, gamma, sampler)
+        found = []
+        for s, n in zip(context.slots, context.budgets(gamma), strict=True):
+            ctx = self._row_context(s)
+            pattern = ctx[len(ctx) - min(len(ctx), self.cfg.max_depth):]
+            args = (n, self.tree.nodes, self.cfg.max_spec_factor, self.cfg.min_token_prob)
+            best, source = (self.locals[s].speculate_tree(pattern, *args), "prompt") if n > 0 else (TreeDraft(), "")
+            stream = self.cache.tree(self.tenants[s])
+            if n > 0 and stream is not None and (other := stream.speculate_tree(pattern, *args)).score > best.score:
+                best, source = other, "stream"
+            if best.tokens:
+                self.drafts_from[source] += 1
+            found.append(best)
+        return from_paths([(t.tokens, t.parents) for t in found], context.ids[0].device)
 
     def commit(self, context: Rows) -> None:
         context = as_rows(context)

@@ -47,7 +47,8 @@ KEY_IF_SET_OPTIONS = {"offline_on_policy": None,   # method options likewise (No
                       "gamma_policy": None, "gamma_p_min": None, "gamma_ema_rate": None, "gamma_cost_decay": None,
                       "residuals": None, "osd_train": None, "hybrid_copy": None, "hybrid_model": None, "hybrid_rule": None,
                       "hybrid_min_score": None, "hybrid_min_length": None, "hybrid_learn_copied": None,
-                      "osd_async": None, "osd_threads": None}
+                      "osd_async": None, "osd_threads": None,
+                      "tree_nodes": None, "tree_shape": None, "tree_branch": None, "tree_learn": None}
 
 
 @dataclass(frozen=True)
