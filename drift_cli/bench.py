@@ -232,8 +232,9 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
     the interrupted one, marked incomplete) come back, fewer than `entries`. With nothing
     finished at all the interrupt propagates: there is nothing to write."""
     check_context(models, stream, cfg)
-    target = make_lm(models.pair.target, "target")
     dcfg = decode_config(cfg, stream, models.pair.eos_id)
+    check_tree_engine(dcfg, models.pair.target)
+    target = make_lm(models.pair.target, "target")
     ctx = models.context(stream.scenario, cfg)
     switch = (cfg.switch_after, make_lm(models.switched, "target")) if models.switched is not None else None
     runs: dict[str, StreamRun] = {}
@@ -280,6 +281,15 @@ def run_entries(entries: list[Entry], models: Models, stream: Stream, cfg: Bench
         if not runs:
             raise
     return runs, skipped, failed
+
+
+def check_tree_engine(dcfg: DecodeConfig, target: torch.nn.Module) -> None:
+    """Token trees verify through the eager engine's row cache (a tree mask, one gather of the
+    accepted path); the static-cache and graph paths (CUDA's default) score chains only."""
+    from drift_cli.engine.graphs import ENGINE_ENV, engine_mode
+
+    if dcfg.tree.nodes and engine_mode(target.get_output_embeddings().weight.device) != "eager":
+        raise BadInput(f"--tree-nodes runs on the eager engine; set {ENGINE_ENV}=eager (the CUDA graphs score chains only)")
 
 
 def method_failed(name: str, e: Exception) -> MethodFailure:

@@ -234,3 +234,15 @@ def test_a_policy_warm_up_hook_runs_before_its_stream_untimed(micro):
     run = run_stream(CausalLM(target, "target"), Warm(draft), _stream(target.config.vocab_size, (4,), 4),
                      DecodeConfig(gamma=2, max_new_tokens=4))
     assert calls == [(1, 2, 0)] and run.warmup_ms >= 0
+
+
+def test_trees_on_the_graph_path_are_refused_in_one_line(monkeypatch, tmp_path, capsys):
+    from tests.models import saved_pair
+    from tests.test_drift_commands import CORPUS, run_cli
+
+    d, t = saved_pair(tmp_path / "pair")
+    monkeypatch.setenv(graphs.ENGINE_ENV, "graph")
+    code, out, err = run_cli(["bench", "--corpus", str(CORPUS), "--draft", str(d), "--target", str(t),
+                              "--methods", "vanilla", "--max-prompts", "2", "--max-new-tokens", "6",
+                              "--tree-nodes", "4", "--no-control", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and err.strip().count("\n") == 0 and "DRIFT_ENGINE=eager" in err
