@@ -217,7 +217,11 @@ class StaticLM(CausalLM):
     def reset(self) -> None:
         self.reset_rows(1)
 
-    def reset_rows(self, slots: int) -> None:
+    def reset_rows(self, slots: int, row_cache: bool = False) -> None:
+        if row_cache:            # a tree's mask and gather live in the eager engine's RowCache
+            from drift_cli.errors import BadInput
+
+            raise BadInput(f"--tree-nodes runs on the eager engine; set {ENGINE_ENV}=eager (the CUDA graphs score chains only)")
         self.slots = max(1, slots)
         self.state = _state(self.model, self.name, self.slots)
         self.lengths = [0] * self.slots

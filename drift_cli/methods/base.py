@@ -14,6 +14,7 @@ import torch
 
 from drift_cli.eagle import is_head
 from drift_cli.engine.graphs import make_lm
+from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.policy import (DraftPolicy, Feedback, MethodContext, Proposal, Rows, as_rows,  # noqa: F401
                                      ragged)
 from drift_cli.engine.sampling import Sampler
