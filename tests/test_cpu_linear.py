@@ -64,8 +64,13 @@ def test_install_keeps_the_module_and_training_keeps_autograd():
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     lin = linears[0]
     x = torch.randn(2, lin.in_features)
-    with torch.inference_mode():
-        assert torch.equal(lin(x), cpu_linear.skinny(x, lin.weight, lin.bias))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)                   # the path serves one thread (MAX_THREADS)
+    try:
+        with torch.inference_mode():
+            assert torch.equal(lin(x), cpu_linear.skinny(x, lin.weight, lin.bias))
+    finally:
+        torch.set_num_threads(before)
     lin.weight.requires_grad_(True)            # training: F.linear with autograd
     y = lin(x)
     assert y.grad_fn is not None
@@ -104,3 +109,15 @@ def test_a_position_alone_and_among_k_tokens():
     lm.crop(prefix.shape[1])
     together = lm.forward(feed)[1][0]
     torch.testing.assert_close(torch.stack(alone), together, rtol=0, atol=1e-5)
+
+
+def test_more_threads_than_the_path_serves_take_f_linear():
+    w, x = torch.randn(8, 16), torch.randn(2, 16)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert cpu_linear.eligible(x, w)
+        torch.set_num_threads(cpu_linear.MAX_THREADS + 1)
+        assert not cpu_linear.eligible(x, w)
+    finally:
+        torch.set_num_threads(before)

@@ -14,8 +14,9 @@ class becomes `SkinnyLinear` (still an `nn.Linear`, the same parameters and stat
 takes the skinny path when its input is a float32 CPU tensor of at most `MAX_ROWS` rows and no
 gradient is wanted (inference mode / no_grad, or a frozen weight); anything else (training with
 autograd: OSD's backward steps, zoo builds; a prefill of many rows; CUDA; other dtypes) runs
-`F.linear` exactly as before. The threads are torch's (`torch.get_num_threads()`, read per
-call), run by a persistent pool in the extension.
+`F.linear` exactly as before, and so does a process on more than `MAX_THREADS` torch threads (1:
+two threads lose to PyTorch's GEMM on the 2-core machine measured, docs/engine.md). The kernel
+itself takes torch's thread count (read per call) and runs a persistent pool in the extension.
 
 `DRIFT_CPU_LINEAR=0` in the environment turns the path off (read when a model is wrapped): the
 before/after measurement of `drift profile` and the tests use it.
@@ -30,6 +31,10 @@ import torch.nn.functional as F
 
 ENV = "DRIFT_CPU_LINEAR"
 MAX_ROWS = 32            # rows (tokens × batch rows) served by the skinny GEMM; more: F.linear
+# The most torch threads the skinny path serves. Measured on a 2-core Xeon (docs/engine.md), two
+# threads lose to PyTorch's GEMM at every k <= 8: a linear call is ~0.2 ms of work, and waking the
+# pool's worker for each of ~210 calls costs more than the second core brings. More threads: F.linear.
+MAX_THREADS = int(os.environ.get("DRIFT_CPU_LINEAR_MAX_THREADS", "1"))
 
 
 def enabled() -> bool:
@@ -53,7 +58,7 @@ def eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
     for the weight nor through the input: a frozen layer above trainable ones still backpropagates)."""
     return (x.dtype is torch.float32 and x.is_cpu and weight.dtype is torch.float32
             and not ((weight.requires_grad or x.requires_grad) and torch.is_grad_enabled())
-            and 0 < x.numel() <= MAX_ROWS * x.shape[-1])
+            and 0 < x.numel() <= MAX_ROWS * x.shape[-1] and torch.get_num_threads() <= MAX_THREADS)
 
 
 def skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
