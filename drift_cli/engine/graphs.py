@@ -42,7 +42,7 @@ import weakref
 
 import torch
 
-from drift_cli.engine.lm import CausalLM
+from drift_cli.engine.lm import CausalLM, pad_feeds
 
 ENGINE_ENV = "DRIFT_ENGINE"
 MODES = ("eager", "static", "graph")
@@ -268,13 +268,7 @@ class StaticLM(CausalLM):
         rows of the call only, without a graph."""
         if self.state is None:
             self.reset()
-        if isinstance(feeds, torch.Tensor):
-            ids, sizes = feeds, [feeds.shape[1]] * feeds.shape[0]
-        else:
-            sizes = [len(f) for f in feeds]
-            ids = feeds[0].new_zeros(len(feeds), max(sizes))
-            for i, f in enumerate(feeds):
-                ids[i, :len(f)] = f
+        ids, sizes = pad_feeds(feeds)
         s = ids.shape[1]
         state = self.state
         state.ensure(max(self.lengths[slot] for slot in slots) + s, grow=True)

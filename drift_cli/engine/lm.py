@@ -43,6 +43,17 @@ def _drop(cache: DynamicCache, n: int) -> None:
         cache.crop(-n)
 
 
+def pad_feeds(feeds: list[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """Ragged feeds (1-D ids per row, or a [R, S] tensor) -> (ids [R, S] zero-padded, each row's length)."""
+    if isinstance(feeds, torch.Tensor):
+        return feeds, [feeds.shape[1]] * feeds.shape[0]
+    sizes = [len(f) for f in feeds]
+    ids = feeds[0].new_zeros(len(feeds), max(sizes))
+    for i, f in enumerate(feeds):
+        ids[i, :len(f)] = f
+    return ids, sizes
+
+
 class RowCache:
     """Keys/values [slots, heads, capacity, head_dim] per layer, one committed length per slot.
 
@@ -236,13 +247,7 @@ class CausalLM:
         if self.rows is None:
             return self.forward(feeds if isinstance(feeds, torch.Tensor) else feeds[0][None])
         cache, device = self.rows, self.device
-        if isinstance(feeds, torch.Tensor):
-            ids, sizes = feeds, [feeds.shape[1]] * feeds.shape[0]
-        else:
-            sizes = [len(f) for f in feeds]
-            ids = feeds[0].new_zeros(len(feeds), max(sizes))
-            for i, f in enumerate(feeds):
-                ids[i, :len(f)] = f
+        ids, sizes = pad_feeds(feeds)
         s = ids.shape[1]
         start = torch.tensor([cache.lengths[slot] for slot in slots], device=device)
         pos = start[:, None] + torch.arange(s, device=device)                # [R, S] each row's own positions
