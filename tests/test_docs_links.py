@@ -30,3 +30,8 @@ def test_the_check_sees_links_and_catches_a_broken_one(tmp_path):
                     "```\n[in a fence](nowhere.md)\n```\n")
     assert relative_links(page) == ["there.md#part", "missing.png"]
     assert broken_links(page) == ["missing.png"]
+
+
+def test_the_readme_stays_a_short_users_document():
+    lines = (Path(__file__).resolve().parent.parent / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; the bar is 150 (details go to docs/)"
