@@ -194,3 +194,26 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     `out` distinct from the inputs (ValueError otherwise). Each weight is read once whatever the
     rows; a row's outputs are bitwise the same whatever the other rows. Runs on `threads` threads
     (the caller's and a persistent pool), the GIL released."""
+
+
+# --- A Llama layer's pieces fused with the skinny GEMM (drift-bank-core `layer`; Python side:
+# drift_cli/engine/lean.py). float32 CPU tensors; ValueError on shapes that disagree or an output
+# that overlaps an input; the GIL released.
+
+def skinny_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor | None, eps: float, weights: list[torch.Tensor],
+                       out: torch.Tensor, add: bool, threads: int) -> None:
+    """out [..., Σ N_i] = RMSNorm(x) (where norm_weight is given) · [W_1; W_2; ...]ᵀ, each weight's
+    outputs side by side (q, k, v into one buffer); add: added into out (a residual stream)."""
+
+def skinny_mlp(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate: torch.Tensor, up: torch.Tensor,
+               down: torch.Tensor, threads: int) -> None:
+    """h [..., d] += down(silu(gate(n)) · up(n)), n = RMSNorm(h), in place."""
+
+def attend_few(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float,
+               out: torch.Tensor) -> None:
+    """out [R, S, Hq·D] = softmax(q·Kᵀ·scale + mask)·V for q [R, S, Hq, D] over keys/values
+    [R, Hkv, L, D] (grouped heads read in place; strided views with a contiguous last dimension);
+    mask: additive, [S, L] for every row or [R, 1, S, L]."""
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+    """out [..., d] = x · (1 / sqrt(mean(x²) + eps)) · weight, the mean accumulated in f64 per row."""

@@ -27,7 +27,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
-from drift_cli.engine import cpu_linear
+from drift_cli.engine import cpu_linear, lean
 from drift_cli.engine.head import OutputHead
 from drift_cli.engine.timing import IterationClock, NullClock
 
@@ -122,9 +122,10 @@ class CausalLM:
         self.name = name
         cpu_linear.install(model)                # CPU fp32 inference: the skinny GEMM (once, here)
         self.decoder = model.get_decoder()
+        self.lean = lean.make(self.decoder)      # CPU fp32 Llama: the lean forward (None: transformers')
         self.head = OutputHead(model)
         self._kw = _cache_kwarg(self.decoder)
-        self.cache: DynamicCache | None = None
+        self.cache: DynamicCache | lean.FlatCache | None = None
         self.cache_len = 0
         self.rows: RowCache | None = None        # set by reset_rows(n > 1)
         self.clock: IterationClock = NullClock()
@@ -144,7 +145,7 @@ class CausalLM:
         return self.head.vocab_size
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = lean.FlatCache() if self.lean is not None else DynamicCache(config=self.model.config)
         self.cache_len = 0
         self.rows = None
 
@@ -262,9 +263,7 @@ class CausalLM:
         dtype = self.head.linear.weight.dtype
         mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
         with self.clock.span(f"forward_{self.name}"):
-            out = self.decoder(input_ids=ids.to(device), position_ids=pos, attention_mask=mask[:, None],
-                               use_cache=True, **{self._kw: cache})
-            hidden = out.last_hidden_state
+            hidden = self._decode(ids.to(device), pos, cache, mask[:, None])
             logits = self.head(hidden)
             self._collect(hidden)
         for slot, n in zip(slots, sizes, strict=True):
@@ -280,23 +279,34 @@ class CausalLM:
             self.reset()
         s = ids.shape[1]
         pos = torch.arange(self.cache_len, self.cache_len + s, device=ids.device)
+        if self.lean is not None:
+            self.cache.begin(self.cache_len, s)
         with self.clock.span(f"forward_{self.name}"):
-            out = self.decoder(
-                input_ids=ids,
-                position_ids=pos.unsqueeze(0).expand(ids.shape[0], -1),
-                use_cache=True,
-                **{self._kw: self.cache},
-            )
-            hidden = out.last_hidden_state
+            hidden = self._decode(ids, pos.unsqueeze(0).expand(ids.shape[0], -1), self.cache, None)
             logits = self.head(hidden)
             self._collect(hidden)
         self.cache_len += s
+        if self.lean is not None:
+            self.cache.length = self.cache_len
         self.forward_calls += 1
         self.forward_tokens += ids.numel()
         return hidden, logits
 
+    def _decode(self, ids: torch.Tensor, pos: torch.Tensor, cache, mask: torch.Tensor | None) -> torch.Tensor:
+        """The decoder's last hidden state for ids [R, S] at positions [R, S] over `cache` (a 4D
+        additive mask, or None: causal over exactly the cached prefix), by the lean forward where
+        it serves this model, else transformers'; records the captured layers' inputs."""
+        if self.lean is not None:
+            hidden, self._captured = self.lean(ids, pos, cache, mask, self.capture_layers)
+            return hidden
+        kw = {} if mask is None else {"attention_mask": mask}
+        return self.decoder(input_ids=ids, position_ids=pos, use_cache=True, **kw, **{self._kw: cache}).last_hidden_state
+
     def crop(self, length: int) -> None:
         """Keep the first `length` cached positions (no-op when the cache is already that short)."""
         if length < self.cache_len:
-            _drop(self.cache, self.cache_len - length)
+            if isinstance(self.cache, lean.FlatCache):
+                self.cache.crop(length)
+            else:
+                _drop(self.cache, self.cache_len - length)
             self.cache_len = length

@@ -1,6 +1,7 @@
 //! torch in / out for the skinny GEMM (`drift_bank_core::skinny`): layout checks and the GIL
 //! released around the core's call. No arithmetic here.
 
+use drift_bank_core::layer;
 use drift_bank_core::skinny::{self, Problem};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -69,6 +70,173 @@ pub fn skinny_linear(
         // caller holds and gave to be written
         let y = unsafe { std::slice::from_raw_parts_mut(optr as *mut f32, olen) };
         skinny::linear(&p, y, threads.max(1));
+    });
+    Ok(())
+}
+
+/// Whether two float32 slices share memory.
+fn overlaps(a: &[f32], b: &[f32]) -> bool {
+    let (a0, a1) = (a.as_ptr() as usize, a.as_ptr() as usize + a.len() * 4);
+    let (b0, b1) = (b.as_ptr() as usize, b.as_ptr() as usize + b.len() * 4);
+    !a.is_empty() && !b.is_empty() && a0 < b1 && b0 < a1
+}
+
+/// out [..., Σ N_i] = RMSNorm(x) (where `norm_weight` is given, with `eps`) · [W_1; W_2; ...]ᵀ,
+/// each weight's outputs side by side (q, k, v into one buffer); `add`: added into out (a
+/// residual stream). float32 CPU tensors, contiguous; out overlaps no input. Without the GIL.
+#[pyfunction]
+#[pyo3(signature = (x, norm_weight, eps, weights, out, add, threads))]
+#[allow(clippy::too_many_arguments)]
+pub fn skinny_norm_linear(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    norm_weight: Option<&Bound<'_, PyAny>>,
+    eps: f32,
+    weights: Vec<Bound<'_, PyAny>>,
+    out: &Bound<'_, PyAny>,
+    add: bool,
+    threads: usize,
+) -> PyResult<()> {
+    // SAFETY (all): the tensors are held by the caller for the whole call
+    let (xs, xshape) = unsafe { contiguous_f32("x", x)? };
+    let nw = match norm_weight {
+        Some(t) => Some(unsafe { contiguous_f32("norm_weight", t)? }.0),
+        None => None,
+    };
+    let mut ws = Vec::with_capacity(weights.len());
+    for w in &weights {
+        ws.push(unsafe { contiguous_f32("weight", w)? }.0);
+    }
+    let (os, _) = unsafe { contiguous_f32("out", out)? };
+    let k = *xshape.last().ok_or_else(|| PyValueError::new_err("x must be [..., K]"))?;
+    if ws.iter().chain(nw.iter()).chain([&xs]).any(|s| overlaps(s, os)) {
+        return Err(PyValueError::new_err("out overlaps an input"));
+    }
+    let (optr, olen) = (os.as_ptr() as usize, os.len());
+    py.detach(move || {
+        // SAFETY: out is a distinct (checked), contiguous float32 buffer the caller gave to be written
+        let y = unsafe { std::slice::from_raw_parts_mut(optr as *mut f32, olen) };
+        layer::norm_linears(xs, k, nw.map(|w| (w, eps)), &ws, y, add, threads.max(1))
+    })
+    .map_err(PyValueError::new_err)
+}
+
+/// h [..., d] += down(silu(gate(n)) · up(n)), n = RMSNorm(h) (norm_weight [d], eps), in place.
+/// float32 CPU tensors, contiguous; h overlaps no weight. Without the GIL.
+#[pyfunction]
+#[pyo3(signature = (h, norm_weight, eps, gate, up, down, threads))]
+#[allow(clippy::too_many_arguments)]
+pub fn skinny_mlp(
+    py: Python<'_>,
+    h: &Bound<'_, PyAny>,
+    norm_weight: &Bound<'_, PyAny>,
+    eps: f32,
+    gate: &Bound<'_, PyAny>,
+    up: &Bound<'_, PyAny>,
+    down: &Bound<'_, PyAny>,
+    threads: usize,
+) -> PyResult<()> {
+    // SAFETY (all): the tensors are held by the caller for the whole call
+    let (hs, _) = unsafe { contiguous_f32("h", h)? };
+    let (nw, _) = unsafe { contiguous_f32("norm_weight", norm_weight)? };
+    let (g, _) = unsafe { contiguous_f32("gate", gate)? };
+    let (u, _) = unsafe { contiguous_f32("up", up)? };
+    let (d, _) = unsafe { contiguous_f32("down", down)? };
+    if [nw, g, u, d].iter().any(|s| overlaps(s, hs)) {
+        return Err(PyValueError::new_err("h overlaps a weight"));
+    }
+    let (hptr, hlen) = (hs.as_ptr() as usize, hs.len());
+    py.detach(move || {
+        // SAFETY: h is a distinct (checked), contiguous float32 buffer the caller gave to be updated
+        let h = unsafe { std::slice::from_raw_parts_mut(hptr as *mut f32, hlen) };
+        layer::mlp(h, (nw, eps), g, u, d, threads.max(1))
+    })
+    .map_err(PyValueError::new_err)
+}
+
+/// A float32 CPU tensor of 4 dimensions whose last one is contiguous: the elements it spans as a
+/// slice, its shape and its first three strides.
+///
+/// # Safety
+/// The tensor (held by the caller for 'a) must not be resized or freed while the slice lives.
+unsafe fn strided4<'a>(name: &str, t: &'a Bound<'_, PyAny>) -> PyResult<(&'a [f32], [usize; 4], [usize; 3])> {
+    let (ptr, shape, strides) = tensor_layout(name, t)?;
+    if shape.len() != 4 || strides[3] != 1 || strides.iter().any(|&s| s < 0) {
+        return Err(PyValueError::new_err(format!("{name} must be 4-D with a contiguous last dimension")));
+    }
+    let span = if shape.contains(&0) { 0 } else { 1 + (0..4).map(|i| (shape[i] - 1) * strides[i] as usize).sum::<usize>() };
+    // SAFETY: the elements the shape and strides address lie within [ptr, ptr + span), alive for 'a
+    let s = if span == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(ptr as *const f32, span) } };
+    let st = [strides[0] as usize, strides[1] as usize, strides[2] as usize];
+    Ok((s, [shape[0], shape[1], shape[2], shape[3]], st))
+}
+
+/// out [R, S, Hq·D] = attention of q [R, S, Hq, D] over keys/values [R, Hkv, L, D] (grouped
+/// heads, read in place; strided views allowed, the last dimension contiguous), scaled by
+/// `scale`, plus an additive mask ([S, L] for every row, or [R, 1, S, L]). Without the GIL.
+#[pyfunction]
+#[pyo3(signature = (q, keys, values, mask, scale, out))]
+pub fn attend_few(
+    py: Python<'_>,
+    q: &Bound<'_, PyAny>,
+    keys: &Bound<'_, PyAny>,
+    values: &Bound<'_, PyAny>,
+    mask: Option<&Bound<'_, PyAny>>,
+    scale: f32,
+    out: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    // SAFETY (all): the tensors are held by the caller for the whole call
+    let (qs, qshape, qst) = unsafe { strided4("q", q)? };
+    let (ks, kshape, kst) = unsafe { strided4("keys", keys)? };
+    let (vs, vshape, vst) = unsafe { strided4("values", values)? };
+    let [r, s, hq, d] = qshape;
+    let [_, hkv, len, _] = kshape;
+    if kshape != vshape || kshape[0] != r || kshape[3] != d {
+        return Err(PyValueError::new_err(format!("q {qshape:?}, keys {kshape:?} and values {vshape:?} disagree")));
+    }
+    let m = match mask {
+        Some(t) => {
+            let (ms, mshape) = unsafe { contiguous_f32("mask", t)? };
+            let stride = match mshape[..] {
+                [a, b] if a == s && b == len => 0,
+                [a, 1, b, c] if a == r && b == s && c == len => s * len,
+                _ => return Err(PyValueError::new_err(format!("mask {mshape:?} is not [S, L] or [R, 1, S, L] for S {s}, L {len}"))),
+            };
+            Some((ms, stride))
+        }
+        None => None,
+    };
+    let (os, oshape) = unsafe { contiguous_f32("out", out)? };
+    if oshape.iter().product::<usize>() != r * s * hq * d || [qs, ks, vs].iter().any(|x| overlaps(x, os)) {
+        return Err(PyValueError::new_err("out must be [R, S, Hq·D] and overlap no input"));
+    }
+    let (optr, olen) = (os.as_ptr() as usize, os.len());
+    py.detach(move || {
+        // SAFETY: out is a distinct (checked), contiguous float32 buffer the caller gave to be written
+        let y = unsafe { std::slice::from_raw_parts_mut(optr as *mut f32, olen) };
+        let view = |data, strides| layer::View { data, strides };
+        layer::attend(view(qs, qst), view(ks, kst), view(vs, vst), m, [r, s, hq, hkv, len, d], scale, y)
+    })
+    .map_err(PyValueError::new_err)
+}
+
+/// out [..., d] = RMSNorm(x) with weight [d] and eps (float32 CPU tensors, contiguous, out
+/// distinct from x). Without the GIL.
+#[pyfunction]
+#[pyo3(signature = (x, weight, eps, out))]
+pub fn rms_norm(py: Python<'_>, x: &Bound<'_, PyAny>, weight: &Bound<'_, PyAny>, eps: f32, out: &Bound<'_, PyAny>) -> PyResult<()> {
+    // SAFETY (all): the tensors are held by the caller for the whole call
+    let (xs, _) = unsafe { contiguous_f32("x", x)? };
+    let (ws, _) = unsafe { contiguous_f32("weight", weight)? };
+    let (os, _) = unsafe { contiguous_f32("out", out)? };
+    if ws.is_empty() || xs.len() % ws.len() != 0 || os.len() != xs.len() || overlaps(xs, os) || overlaps(ws, os) {
+        return Err(PyValueError::new_err("rms_norm: x [..., d], weight [d] and a distinct out like x"));
+    }
+    let (optr, olen) = (os.as_ptr() as usize, os.len());
+    py.detach(move || {
+        // SAFETY: out is a distinct (checked), contiguous float32 buffer the caller gave to be written
+        let y = unsafe { std::slice::from_raw_parts_mut(optr as *mut f32, olen) };
+        layer::rms_norm(xs, ws, eps, y)
     });
     Ok(())
 }

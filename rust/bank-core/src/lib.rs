@@ -5,6 +5,7 @@
 //! - [`cpu_bank`]: a CPU bank's state and calls: strided rows, recorded retrievals, draft step
 //!   and update (the bank's extent is its books', [`Books::extent`]).
 //! - [`skinny`]: y = x·Wᵀ for few rows (1..16) at one read of W, threaded over W's rows.
+//! - [`layer`]: a Llama layer's RMSNorm and SiLU fused with its skinny linears.
 //! - [`state`]: the books as JSON, the one serialisation path for snapshots and pickling.
 //! - [`snapshot`]: safetensors snapshot files with the bank's arrays, checked on load.
 
@@ -12,6 +13,7 @@ pub mod books;
 pub mod cpu_bank;
 pub mod error;
 pub mod kernels;
+pub mod layer;
 mod lru;
 pub mod skinny;
 pub mod snapshot;

@@ -90,14 +90,35 @@ pub fn linear(p: &Problem<'_>, y: &mut [f32], threads: usize) {
 /// [`linear`] with a chosen kernel (tests compare the kernels).
 pub fn linear_with(isa: Isa, p: &Problem<'_>, y: &mut [f32], threads: usize) {
     assert_eq!(y.len(), p.m * p.n, "y must be [m, n]");
+    into_with(isa, p, Out(y.as_mut_ptr()), Dest { ld: p.n, col: 0, add: false }, threads);
+}
+
+/// Where a call's outputs go in a row-major buffer of `ld` columns: y[m, col + n] for output
+/// (m, n), written (`add` false) or added to (`add` true: a residual stream). Several weights
+/// write side by side into one buffer (q, k and v into one [m, n_q + n_k + n_v]).
+#[derive(Clone, Copy, Debug)]
+pub struct Dest {
+    pub ld: usize,
+    pub col: usize,
+    pub add: bool,
+}
+
+/// `p`'s outputs into y at `dest` (see [`Dest`]); y must hold rows 0..m of `dest.ld` columns.
+pub fn linear_into(p: &Problem<'_>, y: &mut [f32], dest: Dest, threads: usize) {
+    if p.m > 0 {
+        assert!(dest.col + p.n <= dest.ld && y.len() >= (p.m - 1) * dest.ld + dest.col + p.n, "y too small for dest");
+    }
+    into_with(detected(), p, Out(y.as_mut_ptr()), dest, threads);
+}
+
+fn into_with(isa: Isa, p: &Problem<'_>, out: Out, dest: Dest, threads: usize) {
     if p.m == 0 || p.n == 0 {
         return;
     }
-    let out = Out(y.as_mut_ptr());
     let chunks = chunk_count(p, threads);
     if chunks <= 1 {
-        // SAFETY: rows [0, n) of y are written by this call alone
-        unsafe { rows(isa, p, 0, p.n, out) };
+        // SAFETY: columns [0, n) of the destination are written by this call alone
+        unsafe { rows(isa, p, 0, p.n, out, dest) };
         return;
     }
     let task = Arc::new(Task {
@@ -109,6 +130,7 @@ pub fn linear_with(isa: Isa, p: &Problem<'_>, y: &mut [f32], threads: usize) {
         n: p.n,
         k: p.k,
         out,
+        dest,
         step: p.n.div_ceil(chunks).next_multiple_of(ROWS),
         chunks,
         next: AtomicUsize::new(0),
@@ -147,6 +169,7 @@ struct Task {
     n: usize,
     k: usize,
     out: Out,
+    dest: Dest,
     step: usize,
     chunks: usize,
     next: AtomicUsize,
@@ -177,7 +200,7 @@ impl Task {
                     n: self.n,
                     k: self.k,
                 };
-                rows(self.isa, &p, start, end, self.out);
+                rows(self.isa, &p, start, end, self.out, self.dest);
             }
             self.done.fetch_add(1, Ordering::Release);
         }
@@ -217,11 +240,11 @@ struct Out(*mut f32);
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
-/// Weight rows [n0, n1) against every x row, into y[:, n0..n1].
+/// Weight rows [n0, n1) against every x row, into the destination's columns col + n0..col + n1.
 ///
 /// # Safety
-/// y (at `out`) must be [m, n] and columns [n0, n1) written by no one else meanwhile.
-unsafe fn rows(isa: Isa, p: &Problem<'_>, n0: usize, n1: usize, out: Out) {
+/// y (at `out`) must hold m rows of `dest.ld` columns, those columns written by no one else meanwhile.
+unsafe fn rows(isa: Isa, p: &Problem<'_>, n0: usize, n1: usize, out: Out, dest: Dest) {
     let mut n = n0;
     while n < n1 {
         let r = ROWS.min(n1 - n);
@@ -233,7 +256,9 @@ unsafe fn rows(isa: Isa, p: &Problem<'_>, n0: usize, n1: usize, out: Out) {
             for (i, row) in dots.iter().enumerate().take(r) {
                 let b = p.bias.map_or(0.0, |b| b[n + i]);
                 for (j, d) in row.iter().enumerate().take(g) {
-                    *out.0.add((m + j) * p.n + n + i) = if p.bias.is_some() { d + b } else { *d };
+                    let v = if p.bias.is_some() { d + b } else { *d };
+                    let o = out.0.add((m + j) * dest.ld + dest.col + n + i);
+                    *o = if dest.add { *o + v } else { v };
                 }
             }
             m += g;

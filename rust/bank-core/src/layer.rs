@@ -1,0 +1,340 @@
+//! The pieces of a Llama decoder layer around its linear layers, fused with them: so that a
+//! one-token step crosses from Python into the kernel three times a layer instead of a dozen.
+//!
+//! - [`norm_linears`]: RMSNorm of x, then several weights' outputs side by side in one buffer
+//!   (q, k and v), or one weight's outputs added into a residual stream (o_proj).
+//! - [`mlp`]: h += down(silu(gate(n)) · up(n)), n = RMSNorm(h), in place.
+//!
+//! Numerics: RMSNorm is x · (1 / sqrt(mean(x²) + eps)) · w with the mean accumulated in f64
+//! over each row in order, SiLU is g / (1 + exp(-g)); both per row, so a row's outputs stay
+//! bitwise the same scored alone or among others, as the skinny GEMM's are ([`crate::skinny`]).
+//! They may differ from PyTorch's fused kernels by float32 rounding.
+
+use crate::skinny::{linear_into, Dest, Problem};
+
+/// out[m] = RMSNorm(x[m]) with weight w [k] (x, out: [m, k]).
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let k = w.len();
+    assert!(k > 0 && x.len() % k == 0 && out.len() == x.len(), "rms_norm: x, w and out disagree");
+    for (row, o) in x.chunks_exact(k).zip(out.chunks_exact_mut(k)) {
+        let ss: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let inv = 1.0 / ((ss / k as f64) as f32 + eps).sqrt();
+        for ((o, &v), &g) in o.iter_mut().zip(row).zip(w) {
+            *o = g * (v * inv);
+        }
+    }
+}
+
+/// The outputs of `weights` ([n_i, k] each) for x [m, k] (RMSNormed first where `norm` is
+/// given: its weight [k] and eps), side by side in y [m, Σ n_i]; `add`: added into y (a
+/// residual stream).
+pub fn norm_linears(x: &[f32], k: usize, norm: Option<(&[f32], f32)>, weights: &[&[f32]], y: &mut [f32], add: bool, threads: usize) -> Result<(), String> {
+    if k == 0 || x.len() % k != 0 || norm.is_some_and(|(w, _)| w.len() != k) {
+        return Err(format!("x ({}) and the norm are not rows of K = {k}", x.len()));
+    }
+    let m = x.len() / k;
+    match norm {
+        Some((nw, eps)) => {
+            let mut xn = vec![0f32; x.len()];
+            rms_norm(x, nw, eps, &mut xn);
+            linears_of(&xn, k, weights, y, m, add, threads)
+        }
+        None => linears_of(x, k, weights, y, m, add, threads),
+    }
+}
+
+fn linears_of(x: &[f32], k: usize, weights: &[&[f32]], y: &mut [f32], m: usize, add: bool, threads: usize) -> Result<(), String> {
+    let mut widths = Vec::with_capacity(weights.len());
+    for (i, w) in weights.iter().enumerate() {
+        if w.len() % k != 0 {
+            return Err(format!("weight {i} ({} values) is not whole rows of K = {k}", w.len()));
+        }
+        widths.push(w.len() / k);
+    }
+    let ld: usize = widths.iter().sum();
+    if y.len() != m * ld {
+        return Err(format!("out has {} values, want {m} x {ld}", y.len()));
+    }
+    let mut col = 0;
+    for (w, n) in weights.iter().zip(widths) {
+        let p = Problem::new(x, w, None, k)?;
+        linear_into(&p, y, Dest { ld, col, add }, threads);
+        col += n;
+    }
+    Ok(())
+}
+
+/// h [m, d] += down(silu(gate(n)) · up(n)) with n = RMSNorm(h) (norm weight [d], eps); gate and
+/// up [f, d], down [d, f].
+pub fn mlp(h: &mut [f32], norm: (&[f32], f32), gate: &[f32], up: &[f32], down: &[f32], threads: usize) -> Result<(), String> {
+    let d = norm.0.len();
+    if d == 0 || h.len() % d != 0 || gate.len() % d != 0 || gate.len() != up.len() || down.len() != gate.len() {
+        return Err(format!("mlp: h {}, norm {d}, gate {}, up {}, down {} disagree", h.len(), gate.len(), up.len(), down.len()));
+    }
+    let (m, f) = (h.len() / d, gate.len() / d);
+    if m == 0 {
+        return Ok(());
+    }
+    let mut xn = vec![0f32; h.len()];
+    rms_norm(h, norm.0, norm.1, &mut xn);
+    let mut gu = vec![0f32; m * 2 * f];
+    linears_of(&xn, d, &[gate, up], &mut gu, m, false, threads)?;
+    let mut act = vec![0f32; m * f];
+    for (a, row) in act.chunks_exact_mut(f).zip(gu.chunks_exact(2 * f)) {
+        let (g, u) = row.split_at(f);
+        for ((a, &g), &u) in a.iter_mut().zip(g).zip(u) {
+            *a = g / (1.0 + (-g).exp()) * u;
+        }
+    }
+    let p = Problem::new(&act, down, None, f)?;
+    linear_into(&p, h, Dest { ld: d, col: 0, add: true }, threads);
+    Ok(())
+}
+
+/// e^x for x <= 0 (a softmax's shifted scores), branch-free so that a loop of it vectorises:
+/// x = n·ln 2 + t (Cody-Waite in two parts), e^t by its degree-7 Taylor polynomial on |t| <=
+/// ln 2 / 2, times 2^n through the exponent bits; within 2 ulp of `f32::exp` on [-87, 0], and
+/// exactly 0 below -87 (a masked position).
+#[inline(always)]
+pub fn exp_neg(x: f32) -> f32 {
+    let live = (x >= -87.0) as u32 as f32;
+    let x = x.clamp(-87.0, 0.0);
+    let n = (x * std::f32::consts::LOG2_E).round();
+    let t = (x - n * 0.693_359_4) + n * 2.121_944_4e-4;
+    let p = 1.0 + t * (1.0 + t * (0.5 + t * (1.0 / 6.0 + t * (1.0 / 24.0 + t * (1.0 / 120.0 + t * (1.0 / 720.0 + t * (1.0 / 5040.0)))))));
+    f32::from_bits(((n as i32 + 127) as u32) << 23) * p * live
+}
+
+/// A strided view of [rows, heads or queries, ..., head_dim] float32 values, head_dim contiguous:
+/// element (a, b, c, t) at a·s0 + b·s1 + c·s2 + t.
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    pub data: &'a [f32],
+    pub strides: [usize; 3],
+}
+
+impl View<'_> {
+    #[inline(always)]
+    fn at(&self, a: usize, b: usize, c: usize, d: usize) -> &[f32] {
+        let o = a * self.strides[0] + b * self.strides[1] + c * self.strides[2];
+        &self.data[o..o + d]
+    }
+}
+
+/// Attention of few queries: out[r, i, h] = softmax_j(q[r, i, h]·k[r, h/g, j]·scale + mask[r, i, j]) · v[r, h/g, j]
+/// over j < len, g = hq / hkv (grouped KV heads read in place, never repeated). q: (row, query,
+/// head) strides; keys/values: (row, kv head, position) strides; mask: additive [.., s, len]
+/// values with a row stride (0: one mask for every row); out [r, s, hq, d] contiguous.
+/// Each output is computed by the same operations whatever the other queries or rows.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f32], usize)>, dims: [usize; 6], scale: f32, out: &mut [f32]) -> Result<(), String> {
+    let [r, s, hq, hkv, _, d] = dims;
+    if hkv == 0 || hq % hkv != 0 || out.len() != r * s * hq * d {
+        return Err(format!("attend: {hq} query heads over {hkv} KV heads, out {} for {r}x{s}x{hq}x{d}", out.len()));
+    }
+    // the same code with 256-bit vectors where the CPU has them (no fused multiply-add is formed
+    // without fast-math: the same bits either way)
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked at run time)
+        unsafe { attend_avx2(q, keys, values, mask, dims, scale, out) };
+        return Ok(());
+    }
+    attend_body(q, keys, values, mask, dims, scale, out);
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn attend_avx2(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f32], usize)>, dims: [usize; 6], scale: f32, out: &mut [f32]) {
+    attend_body(q, keys, values, mask, dims, scale, out)
+}
+
+#[inline(always)]
+fn attend_body(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f32], usize)>, dims: [usize; 6], scale: f32, out: &mut [f32]) {
+    let [r, s, hq, hkv, len, d] = dims;
+    let g = hq / hkv;
+    let nq = s * g;                                  // the queries that read one KV head of a row
+    let mut p = vec![0f32; nq * len];
+    let mut acc = vec![0f32; nq * d];
+    let mut qs = vec![0f32; nq * d];                 // those queries, contiguous and scaled
+    for row in 0..r {
+        for kh in 0..hkv {
+            for (qi, dst) in qs.chunks_exact_mut(d).enumerate() {
+                for (x, &v) in dst.iter_mut().zip(q.at(row, qi / g, kh * g + qi % g, d)) {
+                    *x = v * scale;
+                }
+            }
+            for j in 0..len {
+                let kj = keys.at(row, kh, j, d);
+                for (qi, qv) in qs.chunks_exact(d).enumerate() {
+                    p[qi * len + j] = crate::kernels::dot(qv, kj);
+                }
+            }
+            for (qi, pr) in p.chunks_exact_mut(len).enumerate() {
+                if let Some((m, stride)) = mask {
+                    let i = qi / g;
+                    for (x, &b) in pr.iter_mut().zip(&m[row * stride + i * len..row * stride + (i + 1) * len]) {
+                        *x += b;
+                    }
+                }
+                let top = pr.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0f32;
+                for x in pr.iter_mut() {
+                    *x = exp_neg(*x - top);
+                }
+                for x in pr.iter() {
+                    sum += *x;
+                }
+                let inv = 1.0 / sum;
+                for x in pr.iter_mut() {
+                    *x *= inv;
+                }
+            }
+            acc.fill(0.0);
+            for j in 0..len {
+                let vj = values.at(row, kh, j, d);
+                for (qi, o) in acc.chunks_exact_mut(d).enumerate() {
+                    let w = p[qi * len + j];
+                    for (o, &v) in o.iter_mut().zip(vj) {
+                        *o += w * v;
+                    }
+                }
+            }
+            for (qi, a) in acc.chunks_exact(d).enumerate() {
+                let (i, h) = (qi / g, kh * g + qi % g);
+                out[((row * s + i) * hq + h) * d..((row * s + i) * hq + h + 1) * d].copy_from_slice(a);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn matvec(x: &[f32], w: &[f32], k: usize) -> Vec<f64> {
+        let n = w.len() / k;
+        x.chunks_exact(k)
+            .flat_map(|r| (0..n).map(move |j| (0..k).map(|t| r[t] as f64 * w[j * k + t] as f64).sum::<f64>()))
+            .collect()
+    }
+
+    fn norm_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+        let k = w.len();
+        x.chunks_exact(k)
+            .flat_map(|r| {
+                let ms = r.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / k as f64;
+                let inv = 1.0 / (ms + eps as f64).sqrt();
+                r.iter().zip(w).map(move |(&v, &g)| (v as f64 * inv * g as f64) as f32).collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn norm_then_side_by_side_matches_the_reference() {
+        let (m, k) = (3, 40);
+        let (x, nw, wq, wk) = (data(m * k, 1), data(k, 2), data(24 * k, 3), data(8 * k, 4));
+        let mut y = vec![f32::NAN; m * 32];
+        norm_linears(&x, k, Some((&nw, 1e-5)), &[&wq, &wk], &mut y, false, 1).unwrap();
+        let xn = norm_ref(&x, &nw, 1e-5);
+        let (q, kk) = (matvec(&xn, &wq, k), matvec(&xn, &wk, k));
+        for r in 0..m {
+            for j in 0..24 {
+                assert!((y[r * 32 + j] as f64 - q[r * 24 + j]).abs() < 1e-4);
+            }
+            for j in 0..8 {
+                assert!((y[r * 32 + 24 + j] as f64 - kk[r * 8 + j]).abs() < 1e-4);
+            }
+        }
+        // add: the residual stream gains exactly the outputs
+        let mut h = data(m * 24, 9);
+        let before = h.clone();
+        norm_linears(&x, k, Some((&nw, 1e-5)), &[&wq], &mut h, true, 2).unwrap();
+        for i in 0..m * 24 {
+            assert!((h[i] as f64 - (before[i] as f64 + q[i])).abs() < 1e-4);
+        }
+    }
+
+    #[test]
+    fn mlp_matches_the_reference_and_rows_are_independent() {
+        let (d, f) = (32, 48);
+        let (nw, g, u, dn) = (data(d, 5), data(f * d, 6), data(f * d, 7), data(d * f, 8));
+        let h0 = data(4 * d, 10);
+        let mut h = h0.clone();
+        mlp(&mut h, (&nw, 1e-6), &g, &u, &dn, 1).unwrap();
+        let xn = norm_ref(&h0, &nw, 1e-6);
+        let (gg, uu) = (matvec(&xn, &g, d), matvec(&xn, &u, d));
+        let act: Vec<f32> = gg.iter().zip(&uu).map(|(&a, &b)| (a / (1.0 + (-a).exp()) * b) as f32).collect();
+        let down = matvec(&act, &dn, f);
+        for i in 0..4 * d {
+            assert!((h[i] as f64 - (h0[i] as f64 + down[i])).abs() < 1e-3, "{i}");
+        }
+        // the last row alone gives the same bits
+        let mut one = h0[3 * d..].to_vec();
+        mlp(&mut one, (&nw, 1e-6), &g, &u, &dn, 1).unwrap();
+        assert!(one.iter().zip(&h[3 * d..]).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    #[test]
+    fn shapes_that_disagree_are_refused() {
+        let mut y = vec![0f32; 6];
+        assert!(norm_linears(&[0.0; 7], 4, Some((&[1.0; 4], 1e-6)), &[&[0.0; 8]], &mut y, false, 1).is_err());
+        assert!(norm_linears(&[0.0; 8], 4, None, &[&[0.0; 8]], &mut y, false, 1).is_err());
+        assert!(mlp(&mut [0.0; 8], (&[1.0; 4], 1e-6), &[0.0; 8], &[0.0; 4], &[0.0; 8], 1).is_err());
+    }
+
+    #[test]
+    fn attend_matches_a_softmax_reference() {
+        let (r, s, hq, hkv, len, d) = (2, 3, 4, 2, 5, 8);
+        let (q, k, v, m) = (data(r * s * hq * d, 11), data(r * hkv * len * d, 12), data(r * hkv * len * d, 13), data(r * s * len, 14));
+        let view = |data: &'static [f32], st: [usize; 3]| View { data, strides: st };
+        let (q, k, v, m): (&'static [f32], &'static [f32], &'static [f32], &'static [f32]) =
+            (q.leak(), k.leak(), v.leak(), m.leak());
+        let mut out = vec![0f32; r * s * hq * d];
+        let kv = [hkv * len * d, len * d, d];
+        attend(view(q, [s * hq * d, hq * d, d]), view(k, kv), view(v, kv), Some((m, s * len)), [r, s, hq, hkv, len, d], 0.3, &mut out).unwrap();
+        for row in 0..r {
+            for i in 0..s {
+                for h in 0..hq {
+                    let kh = h / (hq / hkv);
+                    let sc: Vec<f64> = (0..len)
+                        .map(|j| {
+                            let dot: f64 = (0..d).map(|t| q[((row * s + i) * hq + h) * d + t] as f64 * k[((row * hkv + kh) * len + j) * d + t] as f64).sum();
+                            dot * 0.3 + m[(row * s + i) * len + j] as f64
+                        })
+                        .collect();
+                    let top = sc.iter().cloned().fold(f64::MIN, f64::max);
+                    let z: f64 = sc.iter().map(|x| (x - top).exp()).sum();
+                    for t in 0..d {
+                        let want: f64 = (0..len).map(|j| (sc[j] - top).exp() / z * v[((row * hkv + kh) * len + j) * d + t] as f64).sum();
+                        assert!((out[((row * s + i) * hq + h) * d + t] as f64 - want).abs() < 1e-5);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn exp_neg_is_within_two_ulp_and_zero_when_masked() {
+        for i in 0..86_990 {
+            let x = -(i as f32) * 1e-3;
+            let (a, b) = (exp_neg(x), x.exp());
+            assert!((a - b).abs() <= 2.0 * f32::EPSILON * b.max(f32::MIN_POSITIVE), "{x}: {a} vs {b}");
+        }
+        assert_eq!(exp_neg(-3.0e38), 0.0);
+        assert_eq!(exp_neg(0.0), 1.0);
+    }
+}
