@@ -19,6 +19,13 @@ computed from the head's own carry are dropped whatever was accepted (their stat
 predicted, not the target's), the real ones stay. The next propose feeds the pairs that became
 known (the previous last token and the accepted drafts with the target's states from
 verification) in its first draft step, batched with the other rows'. Never a re-prefill.
+
+Trees (`--tree-nodes`, `drift_cli.methods.tree_draft`): after that first step, each depth's
+nodes go through `forward_nodes` with a tree mask, node j reading its parent's carry at position
+committed + depth - 1, written after the row's real pairs. None of them is real, so after
+verification `keep_rows` keeps none of them (the accepted path's pairs included, exactly as
+`crop_rows` drops a chain's accepted drafts): the real prefix is already in place, and the path's
+pairs come back with the target's states in the next first draft step.
 """
 
 from __future__ import annotations
@@ -54,8 +61,9 @@ class HeadDrafter:
 
     # -- rows ------------------------------------------------------------------------------------
 
-    def reset_rows(self, slots: int) -> None:
-        """Empty caches and feature histories for `slots` rows (batch 1 too: one path for all)."""
+    def reset_rows(self, slots: int, row_cache: bool = True) -> None:
+        """Empty caches and feature histories for `slots` rows (batch 1 too: one path for all, a
+        `RowCache` always, which is what trees need)."""
         n = max(1, slots)
         self.rows = RowCache(n)
         self.real = [0] * n
@@ -150,33 +158,70 @@ class HeadDrafter:
         """Feed each row its next tokens (x_{i+1} of pairs i = pairs, pairs+1, ...), all rows in one
         pass; a row may feed none (it has no pair yet: a one-token prompt). Returns (hidden [R, S, d],
         logits [R, S, V]) as `CausalLM.forward_rows` does."""
-        cache, device = self.rows, self.device
+        ids, sizes = self._pad(feeds)
+        start = [self.rows.lengths[s] for s in slots]
+        g = self._states(slots, start, sizes, ids.shape[1])
+        hidden, logits, carry = self._forward(slots, ids, sizes, g)
+        for i, (s, p, n) in enumerate(zip(slots, start, sizes, strict=True)):
+            if self.real[s] == p:                       # a real prefix grows by the real positions fed
+                self.real[s] += max(0, min(n, self.known[s] - p))
+            self._carry[s] = carry[i, max(n, 1) - 1]
+        return hidden, logits
+
+    @torch.inference_mode()
+    def forward_nodes(self, slots: list[int], feeds: list[torch.Tensor], states: torch.Tensor,
+                      attend) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A tree's nodes (`drift_cli.methods.tree_draft`): row i feeds feeds[i] at its next cache
+        slots, node j reading the state states[i, j] (its parent's carry) and attending as
+        `attend` (a `drift_cli.engine.tree.Attention`: its ancestors and the committed prefix, at
+        position committed + depth - 1) says. Nothing fed is real and the rows' carries stay as
+        they were. Returns (hidden, logits, carry), each [R, S, ...]."""
+        ids, sizes = self._pad(feeds)
+        return self._forward(slots, ids, sizes, states, attend)
+
+    def carry(self, slot: int) -> torch.Tensor:
+        """The carry [d] of the row's last fed position (the state its next drafted position reads)."""
+        return self._carry[slot]
+
+    def keep_rows(self, slots: list[int], sources: list[list[int]], starts: list[int]) -> None:
+        """After a tree (`CausalLM.keep_rows`' interface): every node was fed the head's own carry,
+        not the target's state, so none of the accepted path's entries is kept, as after a chain
+        (`crop_rows`): each row keeps its real pairs, already in place below starts[i]. The path's
+        pairs come back, with the target's states, in the next first draft step."""
+        for s, start in zip(slots, starts, strict=True):
+            self.rows.lengths[s] = min(self.rows.lengths[s], start, self.real[s])
+
+    def _pad(self, feeds: list[torch.Tensor] | torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         if isinstance(feeds, torch.Tensor):
-            ids, sizes = feeds, [feeds.shape[1]] * feeds.shape[0]
-        else:
-            sizes = [len(f) for f in feeds]
-            ids = torch.zeros(len(feeds), max(1, max(sizes)), dtype=torch.long, device=device)
-            for i, f in enumerate(feeds):
-                ids[i, :len(f)] = f
+            return feeds, [feeds.shape[1]] * feeds.shape[0]
+        sizes = [len(f) for f in feeds]
+        ids = torch.zeros(len(feeds), max(1, max(sizes)), dtype=torch.long, device=self.device)
+        for i, f in enumerate(feeds):
+            ids[i, :len(f)] = f
+        return ids, sizes
+
+    def _forward(self, slots: list[int], ids: torch.Tensor, sizes: list[int], g: torch.Tensor, attend=None):
+        """ids [R, S] with states g [R, S, d] at the rows' next cache slots, causal (position = slot)
+        or as `attend` says -> (hidden, logits, carry); the rows' lengths grow by their sizes."""
+        cache, device = self.rows, self.device
         width = ids.shape[1]
         start = [cache.lengths[s] for s in slots]
-        g = self._states(slots, start, sizes, width)
-        pos = torch.tensor(start, device=device)[:, None] + torch.arange(width, device=device)   # [R, S]
+        slot_ids = torch.tensor(start, device=device)[:, None] + torch.arange(width, device=device)   # [R, S]
         kv_len = max(start) + width
-        cache.begin(slots, pos, kv_len)
-        visible = torch.arange(kv_len, device=device) <= pos[..., None]                          # [R, S, kv_len]
+        cache.begin(slots, slot_ids, kv_len)
+        if attend is None:
+            pos, visible = slot_ids, torch.arange(kv_len, device=device) <= slot_ids[..., None]       # [R, S, kv_len]
+        else:
+            pos, visible = attend.positions, attend.visible
         dtype = g.dtype
         mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
         with self.clock.span(f"forward_{self.name}"):
             hidden, carry, _ = self.model(ids.to(device), g, pos, mask[:, None], cache=cache)
             logits = self.head(hidden)
-        for i, (s, p, n) in enumerate(zip(slots, start, sizes, strict=True)):
-            if self.real[s] == p:                       # a real prefix grows by the real positions fed
-                self.real[s] += max(0, min(n, self.known[s] - p))
+        for s, p, n in zip(slots, start, sizes, strict=True):
             cache.lengths[s] = p + n
-            self._carry[s] = carry[i, max(n, 1) - 1]
         self.forward_calls += 1
-        return hidden, logits
+        return hidden, logits, carry
 
     # -- batch 1, the cost probe of `profile_costs` (`CausalLM`'s reset / forward / crop) ---------
 

@@ -14,12 +14,10 @@ import torch
 
 from drift_cli.eagle import is_head
 from drift_cli.engine.graphs import make_lm
-from drift_cli.engine.lm import CausalLM
 from drift_cli.engine.policy import (DraftPolicy, Feedback, MethodContext, Proposal, Rows, as_rows,  # noqa: F401
                                      ragged)
 from drift_cli.engine.sampling import Sampler
 from drift_cli.engine.tree import TreeProposal
-from drift_cli.errors import BadInput
 
 
 def draft_lm(draft: torch.nn.Module, name: str = "draft"):
@@ -56,14 +54,10 @@ class ModelDraftPolicy(DraftPolicy):
 
     @property
     def drafts_trees(self) -> bool:
-        """Whether `propose_tree` grows real trees: a draft model with --tree-nodes (an EAGLE head
-        is refused in `begin_batch`)."""
-        return self.tree.on and isinstance(self.lm, CausalLM)
+        """Whether `propose_tree` grows real trees: with --tree-nodes, on a draft model or a head."""
+        return self.tree.on
 
     def begin_batch(self, slots: int) -> None:
-        if self.tree.on and not isinstance(self.lm, CausalLM):
-            raise BadInput(f"--tree-nodes: method {self.name} on an EAGLE head drafts chains only (the head's "
-                           "tree expansion is not built); use the layer draft, or no --tree-nodes")
         if self.drafts_trees:
             self.lm.reset_rows(slots, row_cache=True)        # trees need the RowCache's mask at B = 1 too
         else:

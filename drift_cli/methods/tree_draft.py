@@ -18,6 +18,14 @@ family's size is fixed before it is drawn (`--tree-branch`, less where the row's
 out), and the budget is spent family by family, the frontier chosen as above.
 
 The draft cache keeps the expanded nodes' entries; after verification `accept_tree` moves the accepted path's into place, one gather.
+
+An EAGLE head (`HeadDrafter`) drafts its tree the same way: its cache holds (state, token) pairs,
+so a node is fed with the state its parent's position returned (the head's carry; the root's
+children read the carry of the last real pair), at position committed + depth - 1 like any node
+(`HeadDrafter.forward_nodes`). Those entries were computed from predicted states, so after
+verification the head keeps none of them, as after a chain: its real prefix is in place, and
+the accepted path's pairs come back real in the next first draft step (`HeadDrafter.keep_rows`).
+All positions here are cache slots (`lm.rows.lengths`), which both drafters number alike.
 """
 
 from __future__ import annotations
@@ -90,6 +98,7 @@ def _select(pool: list[_Node], roots: list[int], budget: int, dynamic: bool) -> 
 def draft_tree(policy, context: Rows, gamma: int, sampler: Sampler) -> tuple[TreeProposal, DraftedTree]:
     """policy: a ModelDraftPolicy (its `lm`, `tree`, `clock`, `adjust_nodes`)."""
     lm, cfg, clock = policy.lm, policy.tree, policy.clock
+    head = hasattr(lm, "forward_nodes")           # an EAGLE head: each node reads its parent's carry
     rows = as_rows(context)
     slots, device = rows.slots, rows.ids[0].device
     feeds = [ids[lm.row_len(s):] for s, ids in zip(slots, rows.ids, strict=True)]
@@ -99,21 +108,22 @@ def draft_tree(policy, context: Rows, gamma: int, sampler: Sampler) -> tuple[Tre
     roots: list[list[int]] = [[] for _ in slots]
     if not live:
         return _proposal(pools, [[] for _ in slots], [], device), \
-            DraftedTree([lm.row_len(s) for s in slots], [[] for _ in slots])
+            DraftedTree([lm.rows.lengths[s] for s in slots], [[] for _ in slots])
     h, z = lm.forward_rows([slots[b] for b in live], [feeds[b] for b in live])
     last = torch.tensor([len(feeds[b]) - 1 for b in live], device=h.device)
     at = torch.arange(len(live), device=h.device)
     h, z = h[at, last], z[at, last]                                # [F, d], [F, V]: the roots' states
-    base = [lm.row_len(s) for s in slots]
+    carry = torch.stack([lm.carry(slots[b]) for b in live]) if head else None   # [F, d]
+    base = [lm.rows.lengths[s] for s in slots]                     # the committed cache slots
     frontier = [(b, ROOT) for b in live]
-    states: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+    states: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
     offset = 0
     for depth in range(1, max(caps) + 1):
         logits = sampler.sampling_logits(z)
         with clock.span("adjust"):
             logits = policy.adjust_nodes(h, logits, [b for b, _ in frontier], sampler)
         top, logp, valid, probs = _children(logits, cfg.branch, sampler)
-        states.append((h, z, probs))
+        states.append((h, z, probs, carry))
         toks, lps, oks = top.tolist(), logp.tolist(), valid.tolist()
         new: list[list[int]] = [[] for _ in slots]
         for i, (b, parent) in enumerate(frontier):
@@ -133,7 +143,8 @@ def draft_tree(policy, context: Rows, gamma: int, sampler: Sampler) -> tuple[Tre
                              else new[b])[:cfg.branch]]
         if not expand:
             break
-        h, z = _expand(lm, slots, pools, base, expand)
+        carries = torch.cat([st[3] for st in states]) if head else None   # per node state row: its carry
+        h, z, carry = _expand(lm, slots, pools, base, expand, carries)
         frontier = expand
     if sampler.greedy:        # greedy acceptance holds for any tree: keep the best N (EAGLE-2's rerank)
         kept = [_select(pools[b], roots[b], cfg.nodes, cfg.shape == "dynamic") for b in range(len(slots))]
@@ -143,12 +154,14 @@ def draft_tree(policy, context: Rows, gamma: int, sampler: Sampler) -> tuple[Tre
     return _proposal(pools, kept, states, device), drafted
 
 
-def _expand(lm, slots: list[int], pools: list[list[_Node]], base: list[int], expand: list[tuple[int, int]]):
+def _expand(lm, slots: list[int], pools: list[list[_Node]], base: list[int], expand: list[tuple[int, int]],
+            carries: torch.Tensor | None):
     """Feed the nodes to expand (row by row) through the draft with the tree mask; returns their
-    states (hidden [F, d], logits [F, V]) in `expand`'s order."""
+    states (hidden [F, d], logits [F, V], and a head's carry [F, d] or None) in `expand`'s order.
+    carries: a head's, per stacked state row (a node reads its parent's: `_Node.state`)."""
     fed = sorted({b for b, _ in expand})
     per_row = {b: [ix for bb, ix in expand if bb == b] for b in fed}
-    starts = [lm.row_len(slots[b]) for b in fed]
+    starts = [lm.rows.lengths[slots[b]] for b in fed]
     seen, positions, feeds = [], [], []
     for b, start in zip(fed, starts, strict=True):
         row_seen, row_pos = [], []
@@ -167,11 +180,20 @@ def _expand(lm, slots: list[int], pools: list[list[_Node]], base: list[int], exp
     width = max(len(f) for f in feeds)
     device = lm.device
     attend = attention(starts, [base[b] for b in fed], seen, positions, width, device)
-    h, z = lm.forward_rows([slots[b] for b in fed], [f.to(device) for f in feeds], attend=attend)
+    feeds = [f.to(device) for f in feeds]
+    if carries is None:
+        h, z = lm.forward_rows([slots[b] for b in fed], feeds, attend=attend)
+        c = None
+    else:
+        g = carries.new_zeros(len(fed), width, carries.shape[-1])      # padding reads zeros, rolled back
+        for r, b in enumerate(fed):
+            g[r, :len(per_row[b])] = carries[torch.tensor([pools[b][ix].state for ix in per_row[b]],
+                                                          device=carries.device)]
+        h, z, c = lm.forward_nodes([slots[b] for b in fed], feeds, g, attend)
     where = {(b, ix): (r, j) for r, b in enumerate(fed) for j, ix in enumerate(per_row[b])}
     r = torch.tensor([where[e][0] for e in expand], device=h.device)
     j = torch.tensor([where[e][1] for e in expand], device=h.device)
-    return h[r, j], z[r, j]
+    return h[r, j], z[r, j], None if c is None else c[r, j]
 
 
 def _proposal(pools: list[list[_Node]], kept: list[list[int]], states, device) -> TreeProposal:
