@@ -45,6 +45,7 @@ METHODS = {
     "pld": lambda d, o: PromptLookup(),
     "suffix": lambda d, o: SuffixDecoding(),
     "hybrid": lambda d, o: Hybrid(SuffixDecoding(), Vanilla(d)),
+    "hybrid-pld-drift": lambda d, o: Hybrid(PromptLookup(), DriftMethod(d, DRIFT_CFG)),
 }
 
 
@@ -201,6 +202,51 @@ def test_model_trees_leave_the_first_child_at_several_depths_and_hold_eos(models
     assert any(g.hit_eos and g.steps[-1].emitted <= g.steps[-1].accepted for g in run.generations)
 
 
+@pytest.mark.parametrize("method", ["hybrid", "hybrid-pld-drift"])
+def test_hybrid_trees_leave_the_first_child_at_several_depths_and_hold_eos(models, reference, method):
+    run, _ = _run(models, method, 2, 16)
+    assert [g.output_ids for g in run.generations] == reference
+    model = [s for s in run.steps if s.source in ("vanilla", "drift")]
+    copied = [s for s in run.steps if s.source in ("suffix", "pld")]
+    assert model and copied and max(s.nodes for s in model) == 16
+    later = {d for s in model for d, r in enumerate(s.ranks, 1) if r > 0}
+    assert len(later) >= 2, later
+    assert any(g.hit_eos and g.steps[-1].emitted <= g.steps[-1].accepted for g in run.generations)
+
+
+@pytest.mark.parametrize("copy", ["suffix", "pld"])
+def test_hybrid_proposes_the_chosen_sources_own_tree(models, copy):
+    """Row 0's context repeats with two continuations (it copies: a branching copying tree), row 1's
+    never repeats (the model source's tree): each row's tree is the one its source proposes alone."""
+    from drift_cli.engine.policy import Rows
+    from drift_cli.engine.sampling import Sampler
+    from drift_cli.methods.settings import HybridConfig
+
+    draft = models[0]
+    prompts = {"suffix": [5, 6, 7, 1, 5, 6, 8, 2, 5, 6, 7, 3, 5, 6],
+               "pld": [1, 2, 3, 7, 0, 5, 2, 3, 9, 0, 1, 2, 3]}[copy], [40, 41, 42, 43, 44, 45]
+    cfg = TreeConfig(nodes=8)
+
+    def started(policy):
+        policy.tree = cfg
+        policy.begin_batch(2)
+        for s, p in enumerate(prompts):
+            policy.slot = s
+            policy.begin_prompt(torch.tensor([p]))
+        return policy
+    make_copy = SuffixDecoding if copy == "suffix" else PromptLookup
+    hybrid = started(Hybrid(make_copy(), Vanilla(draft), HybridConfig(rule="length", min_length=1)))
+    rows = Rows([0, 1], [torch.tensor(p) for p in prompts], [None, None])
+    tree = hybrid.propose_tree(rows, GAMMA, Sampler())
+    assert tree.source == [copy, "vanilla"]
+    alone = [started(make_copy()).propose_tree(rows, GAMMA, Sampler()),
+             started(Vanilla(draft)).propose_tree(rows, GAMMA, Sampler())]
+    for b, want in enumerate(alone):
+        n = len(want.parents[b])
+        assert tree.parents[b] == want.parents[b] and tree.tokens[b, :n].tolist() == want.tokens[b, :n].tolist()
+    assert len(children(tree.parents[0])[0]) >= 2 and len(tree.parents[1]) == 8     # both are real trees
+
+
 def test_trees_accept_more_than_chains(models):
     chain, _ = _run(models, "vanilla", 1, 0)
     tree, _ = _run(models, "vanilla", 1, 16)
@@ -314,3 +360,30 @@ def test_siblings_against_p_instead_of_the_residual_is_detected(pair, monkeypatc
     monkeypatch.setattr(loop, "accept_tree_sampling", functools.partial(accept_tree_sampling, against_p=True))
     p = _p_value(pair, _moving_drift)
     assert p < 1e-3, f"siblings tried against p went unnoticed (p = {p:.3f})"
+
+
+class _CountingTrees(Hybrid):
+    def propose_tree(self, context, gamma, sampler):
+        tree = super().propose_tree(context, gamma, sampler)
+        for s in tree.source:
+            self.chosen[s] = self.chosen.get(s, 0) + 1
+        return tree
+
+
+@pytest.mark.stats
+def test_hybrid_tree_sampling_matches_the_target(pair):
+    """Suffix trees (point masses) and a moving DRIFT's trees merged in one verification."""
+    from drift_cli.methods.settings import HybridConfig, SuffixConfig
+
+    made = []
+
+    def make(draft):
+        h = _CountingTrees(SuffixDecoding(SuffixConfig(min_token_prob=0.0)), _moving_drift(draft),
+                           HybridConfig(min_score=0.5))
+        h.chosen = {}
+        made.append(h)
+        return h
+    p = _p_value(pair, make)
+    chosen = made[0].chosen
+    assert chosen.get("suffix", 0) > 0.1 * sum(chosen.values()) and chosen.get("drift", 0) > 0.1 * sum(chosen.values())
+    assert p > 1e-3, f"hybrid trees change the output distribution (p = {p:.2e})"

@@ -40,13 +40,13 @@ def reference(heads):  # noqa: F811
 
 
 def _matrix():
-    """vanilla and drift on both kinds at 8 nodes and B = 2, and the corners, in the default tier;
-    the whole matrix (4 methods x 4, 8, 16 nodes x B 1, 2, 4 x 2 kinds) under `slow`."""
+    """vanilla, drift and hybrid on both kinds at 8 nodes and B = 2, and the corners, in the default
+    tier; the whole matrix (5 methods x 4, 8, 16 nodes x B 1, 2, 4 x 2 kinds) under `slow`."""
     for kind in KINDS:
-        for method in ("vanilla", "drift", "offline", "osd"):
+        for method in ("vanilla", "drift", "offline", "osd", "hybrid"):
             for nodes in (4, 8, 16):
                 for batch in (1, 2, 4):
-                    fast = (method in ("vanilla", "drift") and (nodes, batch) == (8, 2)
+                    fast = (method in ("vanilla", "drift", "hybrid") and (nodes, batch) == (8, 2)
                             or kind == "eagle3" and method == "vanilla" and (nodes, batch) in {(4, 1), (16, 4)})
                     yield pytest.param(kind, method, nodes, batch, marks=() if fast else pytest.mark.slow,
                                        id=f"{kind}-{method}-{nodes}-B{batch}")

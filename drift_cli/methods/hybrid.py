@@ -31,6 +31,15 @@ Both sources stay correct whoever proposed:
     teacher-forced over the copied tokens (its own draft steps, the copied tokens in place of its
     picks, so DRIFT retrieves and updates as on its own steps; that forward is the catch-up too)
     and observes the target's distributions at those positions; timed as adaptation.
+
+Trees (`--tree-nodes`): the rule chooses as above, from the copying source's chain draft (the
+same choice as without trees), and the chosen source proposes its own tree for the row: the
+suffix or pld tree, or the model source's tree (EAGLE-2's from a layer draft or a head). The
+trees are merged into one (`merge_trees`; a copied row's q is its point mass), the model rows'
+hidden states and base logits included, since the engine cuts and renumbers the merged tree
+(`tree.fit`) before its chain view reaches `observe`. After verification only the model source
+moves cache entries (`accept_tree`, its rows); it observes its rows' sub-feedback, their tree
+step included.
 """
 
 from __future__ import annotations
@@ -41,7 +50,9 @@ from typing import Any
 import torch
 
 from drift_cli.drift.config import DriftFiles
+from drift_cli.engine.policy import TreeStep
 from drift_cli.engine.sampling import Sampler
+from drift_cli.engine.tree import TreeProposal
 from drift_cli.methods.base import (DraftPolicy, Feedback, MethodContext, ModelDraftPolicy, Proposal, Rows, as_rows,
                                     ragged)
 from drift_cli.methods.drift import DriftMethod
@@ -111,6 +122,12 @@ class _Forced:
         return x, None if self._sampler.greedy else self._sampler.probs(sampling_logits)
 
 
+def sub_rows(context: Rows, ix: list[int], budgets: list[int]) -> Rows:
+    """Rows ix (in order) of the iteration's, with their draft budgets."""
+    return Rows([context.slots[i] for i in ix], [context.ids[i] for i in ix], [context.tenants[i] for i in ix],
+                [budgets[i] for i in ix])
+
+
 def select_rows(prop: Proposal, ix: list[int]) -> Proposal:
     """Rows ix of a proposal, cut to the longest of them."""
     at = torch.tensor(ix, dtype=torch.long, device=prop.tokens.device)
@@ -121,15 +138,28 @@ def select_rows(prop: Proposal, ix: list[int]) -> Proposal:
     return out.fit(lengths)
 
 
-def sub_feedback(fb: Feedback, ix: list[int], proposal: Proposal) -> Feedback:
-    """The feedback of rows ix (in order) for `proposal`, their rows of the verified one."""
+def sub_feedback(fb: Feedback, ix: list[int], proposal: Proposal, tree: TreeStep | None = None) -> Feedback:
+    """The feedback of rows ix (in order) for `proposal`, their rows of the verified one (and of
+    its tree step, given as `tree`)."""
     ctx = fb.context
     at = torch.tensor(ix, dtype=torch.long, device=fb.target_logits.device)
     k = proposal.k
     return Feedback(Rows([ctx.slots[i] for i in ix], [ctx.ids[i] for i in ix], [ctx.tenants[i] for i in ix]),
                     proposal, fb.target_logits[at, :k + 1], fb.accepted[at.to(fb.accepted.device)],
                     fb.next_token[at.to(fb.next_token.device)], fb.sampler, fb.step,
-                    None if fb.target_hidden is None else fb.target_hidden[at, :k + 1])
+                    None if fb.target_hidden is None else fb.target_hidden[at, :k + 1],
+                    None if fb.target_features is None else fb.target_features[at, :k + 1], tree)
+
+
+def select_tree(step: TreeStep, ix: list[int]) -> TreeStep:
+    """Rows ix (in order) of a verified tree step, cut to the widest of them."""
+    tree = step.proposal
+    width = max((len(tree.parents[i]) for i in ix), default=0)
+    at = torch.tensor(ix, dtype=torch.long, device=tree.tokens.device)
+    pick = lambda t: None if t is None else t[at.to(t.device), :width]  # noqa: E731
+    sub = TreeProposal(tree.tokens[at, :width], [tree.parents[i] for i in ix], pick(tree.q), pick(tree.hidden),
+                       pick(tree.base_logits))
+    return TreeStep(sub, step.target_logits[at.to(step.target_logits.device), :width + 1], [step.paths[i] for i in ix])
 
 
 def _pad(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -166,6 +196,35 @@ def merge(b: int, copied: dict[int, list[int]], model_ix: list[int], model: Prop
     return out.fit(lengths)
 
 
+def merge_trees(b: int, parts: list[tuple[list[int], TreeProposal]], vocab: int, device) -> TreeProposal:
+    """One tree proposal for b rows from parts (rows, their trees in that order), each row's tree
+    as it is (a row in no part drafts nothing). Where some part has q, a part without it (a
+    copying source's point masses) gets its tokens' one-hot; where some part has hidden states
+    or base logits, the others get zeros there (nothing reads them: `Hybrid.observe`)."""
+    parents: list[list[int]] = [[] for _ in range(b)]
+    for rows, tree in parts:
+        for i, par in zip(rows, tree.parents, strict=True):
+            parents[i] = par
+    width = max((len(p) for p in parents), default=0)
+    tokens = torch.zeros(b, width, dtype=torch.long, device=device)
+    for rows, tree in parts:
+        if tree.width:
+            tokens[torch.tensor(rows, device=device), :tree.width] = tree.tokens.to(device)
+
+    def field(name: str, one_hot: bool):
+        have = [(rows, getattr(tree, name)) for rows, tree in parts if getattr(tree, name) is not None]
+        if not have or width == 0:
+            return None
+        like = have[0][1]
+        out = like.new_zeros(b, width, like.shape[-1])
+        if one_hot:
+            out.scatter_(-1, tokens[..., None].to(out.device), 1.0)
+        for rows, t in have:
+            out[torch.tensor(rows, device=out.device)] = _pad(t, width).to(out.device)
+        return out
+    return TreeProposal(tokens, parents, field("q", True), field("hidden", False), field("base_logits", False))
+
+
 class Hybrid(DraftPolicy):
     name = "hybrid"
     description = "per row and step: copying (suffix or pld) where its draft scores well, the model draft elsewhere"
@@ -181,6 +240,7 @@ class Hybrid(DraftPolicy):
         self.target_layers = model.target_layers        # an EAGLE head's: the engine records them for it
         self._committed: Rows | None = None
         self._model_prop: Proposal | None = None        # the model source's last proposal, as it made it
+        self._model_ix: list[int] = []                  # the rows of the last tree the model source drafted
         self._reset_figures()
 
     @classmethod
@@ -209,6 +269,7 @@ class Hybrid(DraftPolicy):
         self.model.begin_stream()
 
     def begin_batch(self, slots: int) -> None:
+        self.copy.tree = self.model.tree = self.tree
         self.copy.begin_batch(slots)
         self.model.begin_batch(slots)
 
@@ -239,8 +300,8 @@ class Hybrid(DraftPolicy):
             return expected_accepted(self.rate.get(slot, LEARNED_PRIOR), n) >= self.cfg.min_score
         return pick.score >= self.cfg.min_score
 
-    def propose(self, context: Rows, gamma: int, sampler: Sampler) -> Proposal:
-        context = as_rows(context)
+    def _choose(self, context: Rows, gamma: int) -> tuple[list[int], list[_Pick], list[int]]:
+        """Each row's copying draft and the rule's choice: (budgets, picks, the model rows)."""
         self._sync()
         budgets = context.budgets(gamma)
         # the copying source's drafts: its own drafting (timed as draft, not as the choice)
@@ -250,10 +311,17 @@ class Hybrid(DraftPolicy):
                 pick.copy = self._copies(pick, s)
             model_ix = [i for i, (p, n) in enumerate(zip(picks, budgets, strict=True)) if not p.copy and n > 0]
         self._picks = picks
+        return budgets, picks, model_ix
+
+    def _labels(self, picks: list[_Pick], budgets: list[int]) -> list[str]:
+        return [self.copy_name if p.copy else self.model_name if n > 0 else NONE for p, n in zip(picks, budgets, strict=True)]
+
+    def propose(self, context: Rows, gamma: int, sampler: Sampler) -> Proposal:
+        context = as_rows(context)
+        budgets, picks, model_ix = self._choose(context, gamma)
         self._model_prop = model = None
         if model_ix:
-            sub = Rows([context.slots[i] for i in model_ix], [context.ids[i] for i in model_ix],
-                       [context.tenants[i] for i in model_ix], [budgets[i] for i in model_ix])
+            sub = sub_rows(context, model_ix, budgets)
             model = self._model_prop = self.model.propose(sub, max(sub.budget), sampler)
         if model is None:                    # every row copies (or has no budget): the copying proposal
             out = ragged([p.tokens if p.copy else [] for p in picks], context.ids[0].device)
@@ -264,12 +332,37 @@ class Hybrid(DraftPolicy):
                 copied = {i: p.tokens for i, p in enumerate(picks) if p.copy}
                 out = merge(len(context), copied, model_ix, model, self.vocab, context.ids[0].device)
         with self.clock.span("choose"):
-            out.source = [self.copy_name if p.copy else self.model_name if n > 0 else NONE
-                          for p, n in zip(picks, budgets, strict=True)]
+            out.source = self._labels(picks, budgets)
         for p in picks:
             if p.copy and p.trie:
                 self.copy.drafts_from[p.trie] += 1
         return out
+
+    def propose_tree(self, context: Rows, gamma: int, sampler: Sampler) -> TreeProposal:
+        """The chosen source's tree per row (the choice as for chains), merged into one."""
+        if not self.tree.on:
+            return super().propose_tree(context, gamma, sampler)
+        context = as_rows(context)
+        budgets, picks, model_ix = self._choose(context, gamma)
+        copy_ix = [i for i, p in enumerate(picks) if p.copy]
+        self._model_ix = model_ix
+        parts = []
+        if copy_ix:                  # the copying source's own trees (it counts their tries itself)
+            parts.append((copy_ix, self.copy.propose_tree(sub_rows(context, copy_ix, budgets), gamma, sampler)))
+        if model_ix:
+            parts.append((model_ix, self.model.propose_tree(sub_rows(context, model_ix, budgets), gamma, sampler)))
+        with self.clock.span("choose"):
+            if len(parts) == 1 and len(parts[0][0]) == len(context):
+                out = parts[0][1]
+            else:
+                out = merge_trees(len(context), parts, self.vocab, context.ids[0].device)
+            out.source = self._labels(picks, budgets)
+        return out
+
+    def accept_tree(self, paths: list[list[int]]) -> None:
+        """The model source moves its rows' entries (their trees kept their numbering in the merge)."""
+        if self._model_ix:
+            self.model.accept_tree([paths[i] for i in self._model_ix])
 
     def commit(self, context: Rows) -> None:
         self._committed = as_rows(context)
@@ -290,6 +383,9 @@ class Hybrid(DraftPolicy):
         if model_ix:
             if len(model_ix) == len(sources):       # the model's proposal went to verification as it was
                 self.model.observe(feedback)
+            elif feedback.tree is not None:         # the merged tree's chain view holds its rows' states
+                self.model.observe(sub_feedback(feedback, model_ix, select_rows(prop, model_ix),
+                                                select_tree(feedback.tree, model_ix)))
             else:                                   # its own proposal, cut as verification cut its rows
                 mine = self._model_prop.fit([lengths[i] for i in model_ix])
                 self.model.observe(sub_feedback(feedback, model_ix, mine))
