@@ -272,6 +272,29 @@ def unread_option(cfg: BenchConfig, policies: Collection[str] | None = None, onl
             if not selected & set(wanted):
                 return (f"{k.flag} is only used by the {' or '.join(wanted)} {sel.selects}, which "
                         f"{sel.flag} {','.join(sorted(selected))} does not select")
+    return unread_tree_option(cfg, running, only)
+
+
+def unread_tree_option(cfg: BenchConfig, running: set[str], only: str | None = None) -> str | None:
+    """The tree flags (`TreeConfig`) nothing reads: any of them without --tree-nodes N > 0;
+    --tree-shape / --tree-branch when no method drafts trees from a draft model (`suffix` and
+    `pld` grow their own); --tree-learn when no drift bank runs (the method, or hybrid's model)."""
+    from drift_cli.engine.tree import TreeConfig
+
+    # the draft-model drafters (hybrid's model source is in `running`); a plugin may read them too
+    model = running - {"ar", "pld", "suffix", "hybrid"}
+    for f, k in knobs.knobs(TreeConfig):
+        if cfg.options.get(k.name) is None or k.name == "tree_nodes" or only not in (None, k.name):
+            continue
+        if not cfg.options.get("tree_nodes"):
+            return f"{k.flag} shapes token trees, which only --tree-nodes N (N > 0) turns on"
+        if k.name in ("tree_shape", "tree_branch") and not model:
+            return (f"{k.flag} shapes the trees a draft model grows; --methods {cfg.methods} runs none "
+                    "(suffix and pld grow their own)")
+        if k.name == "tree_learn" and "drift" not in running:
+            hybrid = " (hybrid runs it as --hybrid-model drift)" if "hybrid" in running else ""
+            return (f"{k.flag} is only used by the drift method (its bank on trees), which --methods {cfg.methods} "
+                    f"does not run{hybrid}")
     return None
 
 

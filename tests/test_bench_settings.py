@@ -109,6 +109,14 @@ def test_bench_ablate_and_suite_run_show_each_setting_alike():
     (["--methods", "vanilla", "--bank-in", "/tmp/x"], "--bank-in is only used by the drift method"),
     (["--methods", "pld", "--divergence", "rkl"], "--divergence is only used by the offline and osd methods"),
     (["--methods", "vanilla", "--no-adaptive-rate"], "--adaptive-rate is only used by the drift method"),
+    (["--methods", "vanilla", "--tree-shape", "static"], "--tree-shape shapes token trees, which only --tree-nodes N"),
+    (["--methods", "drift", "--tree-nodes", "0", "--tree-learn", "all"], "--tree-learn shapes token trees"),
+    (["--methods", "suffix,pld", "--tree-nodes", "8", "--tree-branch", "2"],
+     "--tree-branch shapes the trees a draft model grows; --methods suffix,pld runs none"),
+    (["--methods", "vanilla,suffix", "--tree-nodes", "8", "--tree-learn", "all"],
+     "--tree-learn is only used by the drift method (its bank on trees), which --methods vanilla,suffix does not run"),
+    (["--methods", "hybrid", "--hybrid-model", "osd", "--tree-nodes", "8", "--tree-learn", "path"],
+     "(hybrid runs it as --hybrid-model drift)"),
 ])
 def test_a_flag_whose_owner_is_not_selected_is_refused(args, message, capsys):
     code, out, err = run_cli(["bench", *MICRO, *args], capsys)
@@ -135,6 +143,8 @@ def no_run(monkeypatch):
     ["bench", *MICRO, "--methods", "osd", "--divergence", "rkl"],          # shared with offline: osd reads it
     ["bench", *MICRO, "--methods", "vanilla", "--gamma-policy", "confidence", "--gamma-p-min", "0.5"],
     ["bench", *MICRO, "--gain", "0.5"],                                        # --methods all runs drift
+    ["bench", *MICRO, "--methods", "hybrid", "--tree-nodes", "8", "--tree-learn", "all", "--tree-shape", "static"],
+    ["bench", *MICRO, "--methods", "pld,offline", "--tree-nodes", "4", "--tree-branch", "2"],
     ["ablate", *MICRO[:-1], "--sweep", "gamma-policy", "--values", "fixed,confidence", "--gamma-p-min", "0.5"],
     ["ablate", *MICRO[:-1], "--sweep", "eta", "--gain", "0.5", "--bank-in", "/nonexistent"],
 ])
