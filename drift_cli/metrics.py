@@ -11,6 +11,7 @@ per-iteration times (`iteration_ms`) sum an iteration's shares back.
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Sequence
 
@@ -177,10 +178,45 @@ def expected_emitted(alpha_by_position: Sequence[float], k: int) -> float:
     return out
 
 
-def iteration_ms(k: int, draft_ms_per_token: float, verify_ms: Sequence[float], overhead_ms: float) -> float:
+def iteration_ms(k: int, draft_ms_per_token: float, verify_ms: Sequence[float], overhead_ms: float,
+                 nodes: int | None = None) -> float:
     """The cost model of one iteration that drafts k: k draft steps, the target scoring k+1 tokens
-    (verify_ms[k], measured per width) and the iteration's time outside both models."""
-    return k * draft_ms_per_token + verify_ms[k] + overhead_ms
+    (verify_ms[k], measured per width) and the iteration's time outside both models. A tree of
+    `nodes` nodes and depth k: k draft steps (one forward per depth), the target scoring nodes+1."""
+    return k * draft_ms_per_token + verify_ms[k if nodes is None else nodes] + overhead_ms
+
+
+def expected_tree_emitted(accept: Sequence[Sequence[float]], depth: int, max_nodes: int) -> list[float]:
+    """Expected tokens an iteration emits with the best tree of n nodes, n = 0..max_nodes, and
+    depth at most `depth`, when the child of sibling rank r at depth d is accepted with
+    probability accept[d-1][r] given that its parent was and its elder siblings were not.
+
+    A node's value is the probability that it is accepted: its parent's value times
+    prod_{j<r} (1 - a(d, j)) times a(d, r). The tree of n nodes is grown best-first from the root
+    (a node admits its first child and its next sibling, as the drafters' own rerank does), and an
+    iteration emits 1 + the sum of its nodes' values (tokens along the accepted path, plus the
+    correction or bonus)."""
+    out = [1.0]
+    if depth < 1 or not accept or not accept[0]:
+        return out + [1.0] * max_nodes
+    ranks = len(accept[0])
+    # (-value, order, depth, rank, the parent's value, prod of (1 - a) over the elder siblings)
+    heap = [(-accept[0][0], 0, 1, 0, 1.0, 1.0)]
+    order = 1
+    while len(out) <= max_nodes:
+        if not heap:
+            out.append(out[-1])
+            continue
+        neg, _, d, r, parent, survive = heapq.heappop(heap)
+        out.append(out[-1] - neg)
+        if d < depth:                                              # its first child
+            heapq.heappush(heap, (neg * accept[d][0], order, d + 1, 0, -neg, 1.0))
+            order += 1
+        if r + 1 < ranks:                                          # its next sibling
+            left = survive * (1 - accept[d - 1][r])
+            heapq.heappush(heap, (-parent * left * accept[d - 1][r + 1], order, d, r + 1, parent, left))
+            order += 1
+    return out
 
 
 def goodput(alpha_by_position: Sequence[float], k: int, draft_ms_per_token: float, verify_ms: Sequence[float],

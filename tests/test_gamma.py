@@ -99,6 +99,63 @@ def test_goodput_formula():
     assert metrics.goodput([0.5, 0.5], 2, 1.0, [10, 11, 12], 0.0) == pytest.approx(1.75 / 14)
 
 
+def test_expected_tree_emitted():
+    # one rank: the best n-node tree of depth >= n is the chain, as expected_emitted says
+    chain = metrics.expected_tree_emitted([[0.8], [0.5], [0.5]], 3, 4)
+    assert chain == pytest.approx([1.0] + [metrics.expected_emitted([0.8, 0.5, 0.5], k) for k in (1, 2, 3, 3)])
+    # two ranks at depth 1 (a = 0.6, then 0.5 of the rest), 0.5 at depth 2:
+    # node values 0.6 (rank 0), 0.3 (its child), 0.2 (rank 1: 0.4 x 0.5), 0.15 (rank-1 child of rank 0)
+    tree = metrics.expected_tree_emitted([[0.6, 0.5], [0.5, 0.5]], 2, 5)
+    assert tree == pytest.approx([1.0, 1.6, 1.9, 2.1, 2.25, 2.35])
+    assert metrics.iteration_ms(2, 1.0, [5, 6, 7, 8, 9], 0.5, nodes=4) == pytest.approx(11.5)
+
+
+def _tree_step(ranks, tried, verify_ms):
+    return SimpleNamespace(nodes=8, ranks=ranks, tried=tried, gamma=3, draft_ms=3.0, forward_target_ms=verify_ms,
+                           total_ms=3.0 + verify_ms)
+
+
+def test_cost_controller_chooses_the_node_budget():
+    """With scoring nearly free per node the budget climbs to --tree-nodes; when every extra
+    node costs a tenth of a step, it stays small. The choice is the best (γ, n) of the rule
+    (γ = 0: no tree), found by brute force."""
+    flat = CostProfile(verify_ms=tuple([10.0] * 9), draft_ms_per_token=1.0)
+    steep = CostProfile(verify_ms=tuple(10.0 + n for n in range(9)), draft_ms_per_token=1.0)
+    picks = {}
+    for name, profile in (("flat", flat), ("steep", steep)):
+        ctl = CostModel(3, profile, decay=1.0, nodes_max=8, ranks=3)
+        for _ in range(50):                     # rank 0 accepted about half the time, rank 1 a third of the rest
+            for ranks, tried in (([0, 0], 3), ([1], 3), ([0], 3), ([2, 1], 3), ([], 3), ([0, 0, 0], 0)):
+                ctl.observe(len(ranks) + (tried > 0), len(ranks), record=_tree_step(ranks, tried, profile.verify_ms[8]))
+        k, n = ctl.next_gamma(), ctl.next_nodes()
+        accept, verify = ctl.tree_alphas(), ctl.verify_ms()
+        assert verify == pytest.approx(list(profile.verify_ms))     # the records agreed with the profile
+
+        def rate(k, n):
+            if k == 0:
+                return 1.0 / metrics.iteration_ms(0, ctl.draft_ms, verify, ctl.overhead_ms)
+            return metrics.expected_tree_emitted(accept, k, 8)[n] / metrics.iteration_ms(
+                k, ctl.draft_ms, verify, ctl.overhead_ms, nodes=n)
+        assert k > 0 and rate(k, n) == pytest.approx(max(rate(a, b) for a in range(4) for b in range(1, 9)))
+        picks[name] = n
+        assert ctl.report()["node_budget_histogram"] == {str(n): 1}
+    assert picks["flat"] == 8 and 1 < picks["steep"] < 8
+
+
+@pytest.mark.parametrize("method", ["vanilla", "suffix"])
+def test_cost_controller_with_trees_is_greedy_lossless(greedy_setup, method):
+    from drift_cli.engine.tree import TreeConfig
+
+    draft, other, lm, stream, ar, _ = greedy_setup
+    profile = profile_costs(lm, CausalLM(draft, "draft"), stream.prompts[0].ids, 4, reps=2, nodes=8)
+    cfg = DecodeConfig(gamma=4, max_new_tokens=24, gamma_policy=GammaConfig(policy="cost"), cost_profile=profile,
+                       tree=TreeConfig(nodes=8), batch_size=2)
+    run = run_stream(lm, METHODS[method](draft, other), stream, cfg)
+    assert [g.output_ids for g in run.generations] == ar
+    assert all(1 <= s.node_budget <= 8 and s.nodes <= s.node_budget for s in run.steps if s.gamma)
+    assert sum(run.report["gamma_controller"]["node_budget_histogram"].values()) == len({s.step for s in run.steps})
+
+
 def test_predicted_speedup_measured():
     def rec(drafted, accepted, draft, fwd, total):
         return SimpleNamespace(drafted=drafted, accepted=accepted, emitted=accepted + 1, draft_ms=draft,

@@ -15,10 +15,14 @@ budget, and after verification calls `observe(drafted, accepted, top_probs, reco
               DRIFT's bias included) is below --gamma-p-min (`ModelDraftPolicy.propose`)
   cost        goodput-optimal: γ in 0..--gamma maximising expected emitted tokens per
               millisecond (`drift_cli.metrics.goodput`), from online α-by-position estimates and
-              the measured costs of drafting and of scoring γ+1 tokens (`CostProfile`)
+              the measured costs of drafting and of scoring γ+1 tokens (`CostProfile`); with
+              trees (--tree-nodes N), γ and the node budget n <= N together, from online
+              acceptance estimates by depth and sibling rank and the cost of scoring n+1 tokens
 
-Every controller is lossless: γ depends only on what earlier iterations revealed, and the
-confidence stop only on the draft's own distribution at the position, before a token is drawn.
+Every controller is lossless: γ (and a tree's node budget) depends only on what earlier
+iterations revealed, and the confidence stop only on the draft's own distribution at the
+position, before a token is drawn. Every controller but `cost` keeps the node budget at
+--tree-nodes.
 """
 
 from __future__ import annotations
@@ -143,13 +147,18 @@ class GammaController:
     name = "fixed"
     p_min: float | None = None          # set: the draft stops below this top probability
 
-    def __init__(self, gamma_max: int) -> None:
+    def __init__(self, gamma_max: int, nodes_max: int = 0) -> None:
         self.gamma_max = gamma_max
         self.gamma = gamma_max
+        self.nodes_max = self.nodes = nodes_max      # trees: the node budget (--tree-nodes); 0: chains
 
     def next_gamma(self) -> int:
         """γ for the next iteration, 0..gamma_max (the loop also cuts it at the generation budget)."""
         return self.gamma
+
+    def next_nodes(self) -> int:
+        """Trees: the node budget for the next iteration, 1..nodes_max (0 for chains)."""
+        return self.nodes
 
     def observe(self, drafted: int, accepted: int, top_probs: Sequence[float] = (), record: Any = None) -> None:
         """The iteration's feedback: tokens drafted and accepted, the draft's top probability at
@@ -216,22 +225,39 @@ class CostModel(GammaController):
     estimate (position 1 toward 1/2), so an unexplored position borrows its neighbour's α and
     decay slowly re-opens a γ the controller stopped trying. Costs: scoring k+1 tokens costs the
     profile's ratio (k+1 tokens against one) times the one-token cost, which, with the draft's
-    cost per token and the time outside the models, follows the stream's own step records (EMA)."""
+    cost per token and the time outside the models, follows the stream's own step records (EMA).
+
+    Trees (nodes_max > 0): γ (the depth) and the node budget n <= nodes_max together, maximising
+    (`metrics.expected_tree_emitted` of the best n-node tree of depth γ) / (γ draft steps + the
+    cost of scoring n + 1 tokens + the time outside the models). The acceptance of the child of
+    sibling rank r at depth d, given its parent accepted and its elder siblings rejected, is
+    estimated from decayed counts per (d, r) (each step's accepted ranks and the children tried
+    below its path), with shrinkage toward (d, r-1), and for rank 0 toward (d-1, 0) (depth 1
+    toward 1/2). The draft's cost is per depth (one forward per depth), from the steps' draft time
+    over their γ."""
 
     name = "cost"
     PRIOR = 2.0        # pseudo-observations behind each position's shrinkage
     COST_RATE = 0.1    # EMA weight of a new timing measurement
 
-    def __init__(self, gamma_max: int, profile: CostProfile, decay: float) -> None:
-        super().__init__(gamma_max)
+    def __init__(self, gamma_max: int, profile: CostProfile, decay: float, nodes_max: int = 0, ranks: int = 4) -> None:
+        super().__init__(gamma_max, nodes_max)
         self.decay = decay
         self.accepted = [0.0] * gamma_max
         self.drafted = [0.0] * gamma_max
-        self.ratio = profile.verify_ratio()[: gamma_max + 1]
+        self.ratio = profile.verify_ratio()[: max(gamma_max, nodes_max) + 1]
         self.one_token_ms = profile.verify_ms[0]
         self.draft_ms = profile.draft_ms_per_token
         self.overhead_ms = 0.0
-        self.gamma = self._best()
+        # trees: decayed (tried, accepted) per depth 1..gamma_max and sibling rank 0..ranks-1
+        self.tried = [[0.0] * ranks for _ in range(gamma_max)]
+        self.hit = [[0.0] * ranks for _ in range(gamma_max)]
+        self.gamma, self.nodes = self._best_tree() if nodes_max else (self._best(), 0)
+        self.budgets: dict[int, int] = {}       # trees: iterations by the node budget chosen
+
+    def next_nodes(self) -> int:
+        self.budgets[self.nodes] = self.budgets.get(self.nodes, 0) + 1
+        return self.nodes
 
     def alphas(self) -> list[float]:
         out, prev = [], 0.5
@@ -250,38 +276,96 @@ class CostModel(GammaController):
         rates = [metrics.goodput(alphas, k, self.draft_ms, verify, self.overhead_ms) for k in range(self.gamma_max + 1)]
         return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
+    def tree_alphas(self) -> list[list[float]]:
+        """[d - 1][r]: the estimated acceptance of the rank-r child at depth d (see the class)."""
+        out: list[list[float]] = []
+        for d, (tried, hit) in enumerate(zip(self.tried, self.hit, strict=True)):
+            row: list[float] = []
+            for r, (t, h) in enumerate(zip(tried, hit, strict=True)):
+                prior = row[r - 1] if r else (out[d - 1][0] if d else 0.5)
+                row.append((h + self.PRIOR * prior) / (t + self.PRIOR))
+            out.append(row)
+        return out
+
+    def _best_tree(self) -> tuple[int, int]:
+        """(γ, n) of the highest expected tokens per ms; (0, nodes) when drafting does not pay."""
+        from drift_cli import metrics
+
+        accept, verify = self.tree_alphas(), self.verify_ms()
+        best, choice = 1.0 / metrics.iteration_ms(0, self.draft_ms, verify, self.overhead_ms), (0, self.nodes)
+        for k in range(1, self.gamma_max + 1):
+            emitted = metrics.expected_tree_emitted(accept, k, self.nodes_max)
+            for n in range(1, self.nodes_max + 1):
+                rate = emitted[n] / metrics.iteration_ms(k, self.draft_ms, verify, self.overhead_ms, nodes=n)
+                if rate > best:
+                    best, choice = rate, (k, n)
+        return choice
+
+    def _observe_tree(self, record: Any) -> None:
+        """One tree step's acceptance by (depth, rank): each accepted node's rank r at its depth
+        (ranks 0..r tried, r accepted), then the children tried below the path (all rejected)."""
+        for rows in (self.tried, self.hit):
+            for row in rows:
+                row[:] = [x * self.decay for x in row]
+        ranks = len(self.tried[0])
+        for d, r in enumerate(record.ranks[:self.gamma_max]):
+            for j in range(min(r + 1, ranks)):
+                self.tried[d][j] += 1.0
+            if r < ranks:
+                self.hit[d][r] += 1.0
+        d = len(record.ranks)
+        if d < self.gamma_max:
+            for j in range(min(record.tried, ranks)):
+                self.tried[d][j] += 1.0
+
     def _ema(self, old: float, new: float) -> float:
         return (1 - self.COST_RATE) * old + self.COST_RATE * new
 
     def observe(self, drafted, accepted, top_probs=(), record=None) -> None:
+        tree = self.nodes_max > 0 and record is not None and record.nodes > 0
         self.accepted = [a * self.decay for a in self.accepted]
         self.drafted = [d * self.decay for d in self.drafted]
         for i in range(drafted):
             self.drafted[i] += 1.0
             self.accepted[i] += float(accepted > i)
+        if tree:
+            self._observe_tree(record)
         if record is not None:
             from drift_cli import metrics
 
-            if drafted:
-                self.draft_ms = self._ema(self.draft_ms, record.draft_ms / drafted)
-            self.one_token_ms = self._ema(self.one_token_ms, record.forward_target_ms / self.ratio[drafted])
+            steps = record.gamma if tree else drafted       # a tree: one draft forward per depth
+            if steps:
+                self.draft_ms = self._ema(self.draft_ms, record.draft_ms / steps)
+            width = min(record.nodes if tree else drafted, len(self.ratio) - 1)
+            self.one_token_ms = self._ema(self.one_token_ms, record.forward_target_ms / self.ratio[width])
             self.overhead_ms = self._ema(self.overhead_ms, metrics.iteration_overhead_ms(record))
-        self.gamma = self._best()
+        if self.nodes_max:
+            self.gamma, self.nodes = self._best_tree()
+        else:
+            self.gamma = self._best()
 
     def report(self) -> dict[str, Any]:
-        return {"alpha_by_position_estimate": self.alphas(), "draft_ms_per_token": self.draft_ms,
-                "verify_ms": self.verify_ms(), "overhead_ms": self.overhead_ms}
+        out = {"alpha_by_position_estimate": self.alphas(), "draft_ms_per_token": self.draft_ms,
+               "verify_ms": self.verify_ms(), "overhead_ms": self.overhead_ms}
+        if self.nodes_max:
+            out["acceptance_by_depth_rank_estimate"] = self.tree_alphas()
+            out["node_budget_histogram"] = {str(n): c for n, c in sorted(self.budgets.items())}
+        return out
 
 
-def controller(cfg: GammaConfig, gamma_max: int, profile: CostProfile | None = None) -> GammaController:
-    """A fresh controller for one stream."""
+def controller(cfg: GammaConfig, gamma_max: int, profile: CostProfile | None = None, nodes: int = 0,
+               ranks: int = 4) -> GammaController:
+    """A fresh controller for one stream (nodes: --tree-nodes, 0 for chains; ranks: --tree-branch)."""
     if cfg.policy == "hf":
-        return Transformers(gamma_max)
-    if cfg.policy == "ema":
-        return Tiered(gamma_max, cfg.ema_rate)
-    if cfg.policy == "confidence":
-        return Confidence(gamma_max, cfg.p_min)
-    if cfg.policy == "cost":
+        out: GammaController = Transformers(gamma_max)
+    elif cfg.policy == "ema":
+        out = Tiered(gamma_max, cfg.ema_rate)
+    elif cfg.policy == "confidence":
+        out = Confidence(gamma_max, cfg.p_min)
+    elif cfg.policy == "cost":
         assert profile is not None, "the cost controller needs a CostProfile"
-        return CostModel(gamma_max, profile, cfg.decay)
-    return GammaController(gamma_max)
+        return CostModel(gamma_max, profile, cfg.decay, nodes, ranks)
+    else:
+        out = GammaController(gamma_max)
+    out.nodes_max = out.nodes = nodes
+    return out

@@ -57,7 +57,7 @@ class DecodeConfig:
 
     def controller(self) -> GammaController:
         """A fresh γ controller (one per stream)."""
-        return gamma_controller(self.gamma_policy, self.gamma, self.cost_profile)
+        return gamma_controller(self.gamma_policy, self.gamma, self.cost_profile, self.tree.nodes, self.tree.branch)
 
 
 @dataclass
@@ -92,6 +92,7 @@ class StepRecord:
     nodes: int = 0
     ranks: list[int] = field(default_factory=list)
     tried: int = 0
+    node_budget: int = 0         # trees: the iteration's node budget (--tree-nodes, or the cost controller's choice)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -354,6 +355,8 @@ class Decoder:
         cfg, policy, target, sampler, clock = self.cfg, self.policy, self.target, self.sampler, self.clock
         t_start = time.perf_counter()
         gamma = self.controller.next_gamma()
+        if cfg.tree.on and (nodes := self.controller.next_nodes() or cfg.tree.nodes) != policy.tree.nodes:
+            policy.tree = replace(cfg.tree, nodes=nodes)      # the cost controller's node budget
         budget = [draft_budget(gamma, cfg.max_new_tokens, r.produced) for r in rows]
         context = Rows(active, [r.ids for r in rows], [r.tenant for r in rows], budget)
         room = max(budget)
@@ -407,7 +410,8 @@ class Decoder:
                 prompt=row.index, step=step, drafted=drafted[r], accepted=acc[r], emitted=emitted[r], **split,
                 # instrumentation, outside the timed iteration:
                 target_entropy=_entropy(target_logits[r, : drafted[r]]) if drafted[r] else [],
-                slot=active[r], batch=len(rows), gamma=gamma, source=sources[r], **_tree_record(tree, r)))
+                slot=active[r], batch=len(rows), gamma=gamma, source=sources[r], **_tree_record(tree, r),
+                node_budget=policy.tree.nodes if tree is not None else 0))
             row.steps.append(records[-1])
             row.ids = new_ids[r]
             row.produced += emitted[r]

@@ -259,7 +259,7 @@ class Hybrid(DraftPolicy):
 
     def _sync(self) -> None:
         for src in (self.copy, self.model):
-            src.clock, src.slot = self.clock, self.slot
+            src.clock, src.slot, src.tree = self.clock, self.slot, self.tree   # the tree: its node budget may move
         self.model.p_min = self.p_min
         self.model.prompt_features = self.prompt_features
 
