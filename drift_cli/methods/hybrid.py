@@ -196,7 +196,7 @@ def merge(b: int, copied: dict[int, list[int]], model_ix: list[int], model: Prop
     return out.fit(lengths)
 
 
-def merge_trees(b: int, parts: list[tuple[list[int], TreeProposal]], vocab: int, device) -> TreeProposal:
+def merge_trees(b: int, parts: list[tuple[list[int], TreeProposal]], device) -> TreeProposal:
     """One tree proposal for b rows from parts (rows, their trees in that order), each row's tree
     as it is (a row in no part drafts nothing). Where some part has q, a part without it (a
     copying source's point masses) gets its tokens' one-hot; where some part has hidden states
@@ -355,7 +355,7 @@ class Hybrid(DraftPolicy):
             if len(parts) == 1 and len(parts[0][0]) == len(context):
                 out = parts[0][1]
             else:
-                out = merge_trees(len(context), parts, self.vocab, context.ids[0].device)
+                out = merge_trees(len(context), parts, context.ids[0].device)
             out.source = self._labels(picks, budgets)
         return out
 
