@@ -169,3 +169,31 @@ def test_a_position_scored_alone_or_among_others(monkeypatch):
     lm.crop(12)
     _, among = lm.forward(ids[:, 12:20])
     torch.testing.assert_close(alone[0, 0], among[0, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_two_threads_take_the_kernels_and_give_one_threads_bits(monkeypatch):
+    """Up to `MAX_THREADS` the fused kernels serve the step (the pool shares the weight rows) and
+    their numerics do not depend on the thread count: the same logits, bit for bit."""
+    from drift_cli.engine import cpu_linear
+
+    assert cpu_linear.MAX_THREADS >= 2
+    calls = []
+    counted = tuple((lambda f: lambda *a: (calls.append(f), f(*a))[1])(f) for f in lean._FUSED)
+    monkeypatch.setattr(lean, "_FUSED", counted)
+    model = tiny_llama(hidden=64, layers=2, seed=17)
+    lm = CausalLM(model)
+    ids = torch.randint(0, 48, (1, 16), generator=torch.Generator().manual_seed(3))
+    before = torch.get_num_threads()
+    out = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            lm.reset()
+            lm.forward(ids[:, :10])
+            calls.clear()
+            out[threads] = torch.cat([lm.forward(ids[:, 10:11])[1], lm.forward(ids[:, 11:15])[1]], dim=1)
+            assert calls, f"{threads} threads: the fused kernels were not used"
+            assert torch.get_num_threads() == threads       # restored after the kernels' block
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out[1], out[2])

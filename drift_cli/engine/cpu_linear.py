@@ -14,9 +14,9 @@ class becomes `SkinnyLinear` (still an `nn.Linear`, the same parameters and stat
 takes the skinny path when its input is a float32 CPU tensor of at most `MAX_ROWS` rows and no
 gradient is wanted (inference mode / no_grad, or a frozen weight); anything else (training with
 autograd: OSD's backward steps, zoo builds; a prefill of many rows; CUDA; other dtypes) runs
-`F.linear` exactly as before, and so does a process on more than `MAX_THREADS` torch threads (1:
-two threads lose to PyTorch's GEMM on the 2-core machine measured, docs/engine.md). The kernel
-itself takes torch's thread count (read per call) and runs a persistent pool in the extension.
+`F.linear` exactly as before, and so does a process on more than `MAX_THREADS` torch threads (2:
+the most measured, docs/engine.md). The kernel itself takes torch's thread count (read per call)
+and shares the weight rows with a persistent pool of spinning workers in the extension.
 
 `DRIFT_CPU_LINEAR=0` in the environment turns the path off (read when a model is wrapped): the
 before/after measurement of `drift profile` and the tests use it.
@@ -31,10 +31,11 @@ import torch.nn.functional as F
 
 ENV = "DRIFT_CPU_LINEAR"
 MAX_ROWS = 32            # rows (tokens × batch rows) served by the skinny GEMM; more: F.linear
-# The most torch threads the skinny path serves. Measured on a 2-core Xeon (docs/engine.md), two
-# threads lose to PyTorch's GEMM at every k <= 8: a linear call is ~0.2 ms of work, and waking the
-# pool's worker for each of ~210 calls costs more than the second core brings. More threads: F.linear.
-MAX_THREADS = int(os.environ.get("DRIFT_CPU_LINEAR_MAX_THREADS", "1"))
+# The most torch threads the skinny path serves: 2, the most measured (docs/engine.md: on the
+# 2-core EPYC two threads beat one at every k, and beat PyTorch's GEMM on two by 2.2x at k = 1).
+# A linear call is ~0.1 ms of work, so the pool's workers spin between calls rather than sleep.
+# More threads: F.linear.
+MAX_THREADS = int(os.environ.get("DRIFT_CPU_LINEAR_MAX_THREADS", "2"))
 
 
 def enabled() -> bool:

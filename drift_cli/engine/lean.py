@@ -35,6 +35,7 @@ forward within 1e-5 and holds every method's greedy output to `ar`'s on either p
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -163,18 +164,24 @@ class LeanDecoder:
             start = int(positions[0, 0])
             visible = torch.ones(s, start + s, dtype=torch.bool).tril_(start)
             mask = torch.zeros(visible.shape, dtype=h.dtype).masked_fill_(~visible, torch.finfo(h.dtype).min)
-        fused = _FUSED is not None and r * s <= cpu_linear.MAX_ROWS and torch.get_num_threads() <= cpu_linear.MAX_THREADS
-        layer_fn = self._fused_layer if fused else self._torch_layer
+        threads = torch.get_num_threads()
         captured: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            if i in record:
-                captured[i] = h.clone() if fused else h            # the fused layer updates h in place
-            h = layer_fn(i, layer, h, cos, sin, cache, mask)
-        ln = dec.norm
-        if not fused:
+        if _FUSED is None or r * s > cpu_linear.MAX_ROWS or threads > cpu_linear.MAX_THREADS:
+            for i, layer in enumerate(self.layers):
+                if i in record:
+                    captured[i] = h
+                h = self._torch_layer(i, layer, h, cos, sin, cache, mask)
+            ln = dec.norm
             return F.rms_norm(h, (h.shape[-1],), ln.weight, ln.variance_epsilon), captured
-        out = torch.empty_like(h)
-        _FUSED[3](h, ln.weight, ln.variance_epsilon, out)
+        # The kernels take the threads; PyTorch's few small operations between them run on one, so
+        # that its OpenMP workers, spinning after a parallel region, never contend with the kernels'.
+        with _torch_threads(1):
+            for i, layer in enumerate(self.layers):
+                if i in record:
+                    captured[i] = h.clone()                         # the fused layer updates h in place
+                h = self._fused_layer(i, layer, h, cos, sin, cache, mask, threads)
+            out = torch.empty_like(h)
+            _FUSED[3](h, dec.norm.weight, dec.norm.variance_epsilon, out)
         return out, captured
 
     def _qkv_rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -198,10 +205,10 @@ class LeanDecoder:
         out = torch.matmul(torch.softmax(scores, dim=-1), values)            # [R, Hkv, S·G, D]
         return out.view(r, nkv, s, g, hd).permute(0, 2, 1, 3, 4).reshape(r, s, nq * hd)
 
-    def _fused_layer(self, i, layer, h, cos, sin, cache, mask):
-        """Few rows: the Rust kernels' RMSNorm + q/k/v, o_proj into the residual, the whole MLP."""
+    def _fused_layer(self, i, layer, h, cos, sin, cache, mask, threads):
+        """Few rows: the Rust kernels' RMSNorm + q/k/v, o_proj into the residual, the whole MLP,
+        on `threads` threads."""
         attn, mlp = layer.self_attn, layer.mlp
-        threads = torch.get_num_threads()
         r, s, _ = h.shape
         ln = layer.input_layernorm
         qkv = h.new_empty(r, s, (self.heads + 2 * self.kv_heads) * self.head_dim)
@@ -237,6 +244,20 @@ class LeanDecoder:
         x = F.rms_norm(h, (h.shape[-1],), ln.weight, ln.variance_epsilon)
         return h + F.linear(F.silu(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight),
                             mlp.down_proj.weight)
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """PyTorch's intra-op thread count set to n within the block (restored after)."""
+    before = torch.get_num_threads()
+    if before == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _kernels():

@@ -19,8 +19,9 @@
 //! between instruction sets (and from PyTorch's) by rounding only.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Weight rows streamed together.
 pub const ROWS: usize = 4;
@@ -79,6 +80,7 @@ impl<'a> Problem<'a> {
         }
         Ok(Self { x, w, bias, m, n, k })
     }
+
 }
 
 /// y [m, n] (row-major) for `p` on `threads` threads (1: the calling thread only; more: the
@@ -116,7 +118,8 @@ fn into_with(isa: Isa, p: &Problem<'_>, out: Out, dest: Dest, threads: usize) {
         return;
     }
     let chunks = chunk_count(p, threads);
-    if chunks <= 1 {
+    if chunks <= 1 || threads <= 1 {
+        // one thread means the caller's alone, whatever the weight's size
         // SAFETY: columns [0, n) of the destination are written by this call alone
         unsafe { rows(isa, p, 0, p.n, out, dest) };
         return;
@@ -136,12 +139,7 @@ fn into_with(isa: Isa, p: &Problem<'_>, out: Out, dest: Dest, threads: usize) {
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
     });
-    let pool = pool(threads - 1);
-    for _ in 1..threads.min(chunks) {
-        let t = Arc::clone(&task);
-        // SAFETY: see `Task::work`
-        pool.spawn(move || unsafe { t.work() });
-    }
+    pool(threads - 1).post(&task);
     // SAFETY: see `Task::work`
     unsafe { task.work() };
     // the chunks other threads claimed: wait until they are written (a worker that starts
@@ -217,21 +215,87 @@ fn chunk_count(p: &Problem<'_>, threads: usize) -> usize {
 }
 
 /// The pool of `workers` threads (made once per size, kept for the process).
-fn pool(workers: usize) -> Arc<rayon::ThreadPool> {
-    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
+fn pool(workers: usize) -> &'static Pool {
+    static POOLS: OnceLock<Mutex<HashMap<usize, &'static Pool>>> = OnceLock::new();
     let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    pools
-        .entry(workers)
-        .or_insert_with(|| {
-            Arc::new(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(workers.max(1))
-                    .thread_name(|i| format!("drift-linear-{i}"))
-                    .build()
-                    .expect("a thread pool for the skinny GEMM"),
-            )
-        })
-        .clone()
+    pools.entry(workers.max(1)).or_insert_with(|| Pool::start(workers.max(1)))
+}
+
+/// How long an idle worker spins for the next call before it sleeps. A forward's linear calls
+/// come tens of microseconds apart, so within a forward (and between the steps of a decode loop)
+/// the workers never sleep: a sleeping thread takes a futex wake-up (tens of µs on a loaded
+/// machine) to start, which on ~210 calls of ~0.1 ms each cost more than the second core brought.
+const SPIN: Duration = Duration::from_micros(500);
+
+/// Workers that spin on a generation counter for the next posted [`Task`], then sleep on a
+/// condition variable. Posting is lock-free while they spin: bump the generation, and wake the
+/// sleepers only if some sleep.
+struct Pool {
+    generation: AtomicU64,
+    task: Mutex<Option<Arc<Task>>>,
+    sleepers: AtomicUsize,
+    wake: Condvar,
+}
+
+impl Pool {
+    fn start(workers: usize) -> &'static Pool {
+        let pool: &'static Pool = Box::leak(Box::new(Pool {
+            generation: AtomicU64::new(0),
+            task: Mutex::new(None),
+            sleepers: AtomicUsize::new(0),
+            wake: Condvar::new(),
+        }));
+        for i in 0..workers {
+            std::thread::Builder::new()
+                .name(format!("drift-linear-{i}"))
+                .spawn(move || pool.serve())
+                .expect("a thread for the skinny GEMM's pool");
+        }
+        pool
+    }
+
+    /// Offer `task` to the workers (the caller works on it too and waits for its chunks).
+    fn post(&self, task: &Arc<Task>) {
+        #[cfg(test)]
+        tests::POSTED.with(|c| c.set(c.get() + 1));
+        *self.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(task));
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            // taking the lock orders this wake-up after a sleeper's last look at the generation
+            let _guard = self.task.lock().unwrap_or_else(|e| e.into_inner());
+            self.wake.notify_all();
+        }
+    }
+
+    fn serve(&self) {
+        let mut seen = 0u64;
+        loop {
+            let since = Instant::now();
+            let mut polls = 0u32;
+            while self.generation.load(Ordering::SeqCst) == seen {
+                std::hint::spin_loop();
+                polls = polls.wrapping_add(1);
+                if polls % 256 == 0 && since.elapsed() > SPIN {
+                    self.sleep(seen);
+                }
+            }
+            seen = self.generation.load(Ordering::SeqCst);
+            let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(task) = task {
+                // SAFETY: see `Task::work` (a task whose chunks are all claimed is left untouched)
+                unsafe { task.work() };
+            }
+        }
+    }
+
+    fn sleep(&self, seen: u64) {
+        let mut guard = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        while self.generation.load(Ordering::SeqCst) == seen {
+            guard = self.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// y's base pointer, shared by the threads (each writes its own columns).
@@ -521,6 +585,43 @@ mod tests {
             let mut y = vec![0f32; n];
             linear_with(isa, &one, &mut y, 3);
             assert!(y.iter().zip(&all[15 * n..]).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+
+    thread_local! {
+        /// Tasks this thread posted to a pool.
+        pub(super) static POSTED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    #[test]
+    fn one_thread_is_the_callers_alone() {
+        // a weight large enough to be cut into chunks on several threads
+        let (m, n, k) = (2, 4096, 576);
+        let (x, w) = (data(m * k, 8), data(n * k, 9));
+        let p = Problem::new(&x, &w, None, k).unwrap();
+        let mut y = vec![0f32; m * n];
+        let before = POSTED.with(|c| c.get());
+        linear(&p, &mut y, 1);
+        assert_eq!(POSTED.with(|c| c.get()), before, "one thread posted work to the pool");
+        linear(&p, &mut y, 2);
+        assert_eq!(POSTED.with(|c| c.get()), before + 1);
+    }
+
+    #[test]
+    fn the_pool_serves_calls_back_to_back_and_after_its_workers_sleep() {
+        let (m, n, k) = (3, 2053, 576);
+        let (x, w) = (data(m * k, 10), data(n * k, 11));
+        let p = Problem::new(&x, &w, None, k).unwrap();
+        let mut want = vec![0f32; m * n];
+        linear(&p, &mut want, 1);
+        for round in 0..3 {
+            for _ in 0..200 {
+                let mut y = vec![f32::NAN; m * n];
+                linear(&p, &mut y, 2);
+                assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "round {round}");
+            }
+            // longer than the workers spin: the next call must wake them (or do the work itself)
+            std::thread::sleep(SPIN * 4);
         }
     }
 
