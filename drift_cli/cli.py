@@ -18,6 +18,7 @@ from drift_cli import interrupt
 from drift_cli.commands.ablate import ablate
 from drift_cli.commands.analyze import analyze
 from drift_cli.commands.bank import bank
+from drift_cli.commands.claims import claims
 from drift_cli.commands.data import data
 from drift_cli.commands.options import bench_options
 from drift_cli.commands.profile import profile
@@ -149,5 +150,5 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
-for _group in (data, zoo, bank, ablate, analyze, regress, suite, profile):   # command groups in their own modules
+for _group in (data, zoo, bank, ablate, analyze, regress, suite, claims, profile):   # command groups in their own modules
     cli.add_command(_group)

@@ -159,14 +159,15 @@ def status(suite_file, out, overrides, quick, as_json) -> None:
 @click.option("--claims", "claims", is_flag=True,
               help="write the claims report instead: each [[claim]] of the suite, its figure, CI and verdict")
 @click.option("--claims-out", type=click.Path(path_type=Path), default=None,
-              help="where --claims writes (default: the suite's [claims] out, docs/claims.md); PNGs go beside it")
+              help="where --claims writes (default: the suite's [claims] out, or docs/claims-<suite>.md); PNGs "
+                   "go beside it, and the claim record `drift claims index` reads into claims-records/<stem>.json")
 @click.option("--only", "only", multiple=True, metavar="AXIS=LABEL[,LABEL...]",
               help="report only the cells at these points of an axis (repeatable; e.g. --only workload=code,law)")
 @click.option("--claim", "claim_ids", type=int, multiple=True,
               help="with --claims: report only this claim (repeatable)")
 def report(suite_file, out, overrides, quick, as_json, claims, claims_out, only, claim_ids) -> None:
     """One markdown report (report.md, acceptance.png, speedup.png) in the suite's directory;
-    with --claims, the claims report (docs/claims.md and its PNGs)."""
+    with --claims, the claims report (its [claims] out, its PNGs and its claim record)."""
     from drift_cli.suite.report import write_report
 
     suite, root = _load(suite_file, overrides, out, quick)
@@ -181,12 +182,14 @@ def report(suite_file, out, overrides, quick, as_json, claims, claims_out, only,
     if claims:
         from drift_cli.atomic import refuse_inputs
         from drift_cli.results import check_writable
-        from drift_cli.suite.claims import load_claims, write_claims
+        from drift_cli.suite.claims import load_claims, record_path, write_claims
 
         spec = load_claims(suite)            # a suite without claims fails before anything is read
         target = claims_out or spec.out
         check_writable(Path(target).parent)
-        refuse_inputs(target, suite_inputs(suite_file, root, suite), "--claims-out" if claims_out else "[claims] out")
+        flag = "--claims-out" if claims_out else "[claims] out"
+        refuse_inputs(target, suite_inputs(suite_file, root, suite), flag)
+        refuse_inputs(record_path(target), suite_inputs(suite_file, root, suite), f"the claim record of {flag}")
         selection = "".join(f" --only {o}" for o in only) + "".join(f" --claim {c}" for c in claim_ids)
         path = write_claims(suite, root, target, quick, claim_ids, selection)
     else:

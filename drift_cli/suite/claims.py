@@ -7,7 +7,7 @@ The claims are data, in the suite file:
     columns = "zoo"                # one column of figures per value of this setting (or a list of
                                    # settings: a column per combination, "smollm / eagle")
     repeat = ["shuffle", "seed"]   # the axes whose values are independent repeats (default: these)
-    out = "docs/claims.md"
+    out = "docs/claims-seeds.md"    # default: docs/claims-<suite file's stem>.md
 
     [[claim]]
     id = 3
@@ -27,6 +27,11 @@ Per repeat (the cells sharing their `repeat` coordinates, in one column), each o
 mean of its metric over the finished cells its `where` selects; the part's figure is computed
 from the operands, and its mean and Student-t 95% CI over the repeats come from
 `metrics.seed_mean_ci95`, as in `drift suite report`.
+
+Beside the markdown, the report writes its claim record, `<report's folder>/claims-records/<report's
+stem>.json` (`claim_record`): every claim, part and column with its figure, CI, threshold and
+verdict, built from the same results the markdown is rendered from. `drift claims index` reads the
+records into one table of every claim (drift_cli/suite/claims_index.py).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from drift_cli import metrics
-from drift_cli.atomic import atomic_write_bytes
+from drift_cli.atomic import atomic_write_bytes, strict_json
 from drift_cli.errors import BadInput
 from drift_cli.registry import unknown
 from drift_cli.results import RunJson
@@ -53,7 +58,9 @@ DEFAULT_REPEAT = ("shuffle", "seed")
 # The source documents a claim's `seed` names, by title (the report cites the title, not a file)
 SOURCES = {"000_fee7b5e6130b3396.txt": "Speculative Decoding Under Distribution Shift: DRIFT Recalibration",
            "004_43ee447c85fbbb1f.txt": "Draft-Model Distillation for Speculative Decoding"}
-DEFAULT_OUT = Path("docs/claims.md")
+DEFAULT_OUT = "docs/claims-{stem}.md"           # [claims] out when the suite gives none
+RECORDS_DIR = "claims-records"                   # beside the report: RECORDS_DIR/<report stem>.json
+RECORD_VERSION = 1
 CLAIMS_KEYS = ("columns", "repeat", "out")          # the keys of [claims]
 
 VERDICT_RULE = """\
@@ -255,7 +262,7 @@ def parse_claims(raw: dict, path: Path) -> ClaimsSpec:
     if not (isinstance(columns, str) or (isinstance(columns, list) and columns and all(isinstance(c, str) for c in columns))):
         raise BadInput(f"{path}: [claims] columns must be a setting name or a list of them")
     columns = columns if isinstance(columns, str) else tuple(columns)
-    out = conf.get("out", str(DEFAULT_OUT))
+    out = conf.get("out", DEFAULT_OUT.format(stem=path.stem))
     if not isinstance(out, str) or not out:
         raise BadInput(f"{path}: [claims] out must be a file path, got {out!r}")
     return ClaimsSpec(columns, tuple(repeat), Path(out), tuple(claims))
@@ -511,9 +518,12 @@ def figure_text(m: Measured) -> str:
     return f"{_fmt(m.mean)}{ci}, n = {len(m.values)}"
 
 
+def side_text(side: str, t: float) -> str:
+    return {"above": f"> {t:g}", "below": f"< {t:g}", "within": f"within ±{t:g}", "outside": f"outside ±{t:g}"}[side]
+
+
 def _side_text(p: Part) -> str:
-    return {"above": f"> {p.threshold:g}", "below": f"< {p.threshold:g}", "within": f"within ±{p.threshold:g}",
-            "outside": f"outside ±{p.threshold:g}"}[p.side]
+    return side_text(p.side, p.threshold)
 
 
 def _cell(text: str) -> str:
@@ -596,10 +606,19 @@ def _plot_curve(res: ClaimResult, columns: list[str], cols: dict[str, Column], p
     return drew
 
 
+def gain_note(gain: bool, rivals: bool | None, claim_verdict: str) -> str:
+    """What a claim's verdict adds when it is about DRIFT's gain and copying alone reaches DRIFT's speedup."""
+    if gain and rivals and claim_verdict != "not measured":
+        return "DRIFT's gain cannot be told apart from copying here"
+    return ""
+
+
 def render(suite: Suite, spec: ClaimsSpec, runs: dict[str, RunJson], states: dict[str, str], manifest: dict,
-           out: Path, quick: bool = False, selection: str = "") -> str:
-    """The claims report's markdown; writes its PNGs into `<out's stem>/` beside it."""
-    columns, results = assess(suite, spec, runs)
+           out: Path, quick: bool = False, selection: str = "",
+           assessed: tuple[list[str], list[ClaimResult]] | None = None) -> str:
+    """The claims report's markdown; writes its PNGs into `<out's stem>/` beside it. `assessed`:
+    `assess`'s result, when the caller has it (write_claims builds the record from the same)."""
+    columns, results = assessed if assessed is not None else assess(suite, spec, runs)
     cols = columns_of(suite, spec, runs)
     plot_dir = out.parent / out.stem
     rel = plot_dir.name
@@ -641,8 +660,8 @@ def render(suite: Suite, spec: ClaimsSpec, runs: dict[str, RunJson], states: dic
                     line += f" ({c.pending})"
                 bits.append(line)
             v = res.verdicts[col]
-            if c.gain and res.rivals.get(col) and v != "not measured":
-                v += "; DRIFT's gain cannot be told apart from copying here"
+            if note := gain_note(c.gain, res.rivals.get(col), v):
+                v += f"; {note}"
             figs.append("<br>".join(bits) + f"<br>**verdict: {v}**")
         ctrl = "<br>".join(f"{col}: {_copying_text(res.copying[col], res.rivals[col])}" for col in columns) \
             if c.copying else "(not a DRIFT row)"
@@ -677,6 +696,49 @@ def write_claims(suite: Suite, root: Path, out: Path | None = None, quick: bool 
     runs = {k: r for k in states if states[k] == "done" and (r := store.load_cell(root, k)) is not None}
     manifest = json.loads((root / "suite.json").read_text()) if (root / "suite.json").is_file() else {}
     path = Path(out) if out is not None else spec.out
-    text = render(suite, spec, runs, states, manifest, path, quick, selection)
+    assessed = assess(suite, spec, runs)
+    text = render(suite, spec, runs, states, manifest, path, quick, selection, assessed)
+    rec = claim_record(suite, spec, assessed, path, quick, selection)
     atomic_write_bytes(path, text.encode())
+    atomic_write_bytes(record_path(path), (strict_json(rec, indent=1) + "\n").encode())
     return path
+
+
+# --- the claim record: what drift claims index reads ---------------------------------------------
+
+def record_path(report: Path) -> Path:
+    """Where the report at `report` keeps its claim record."""
+    report = Path(report)
+    return report.parent / RECORDS_DIR / f"{report.stem}.json"
+
+
+def _measured_json(m: Measured) -> dict:
+    return {"mean": m.mean, "ci": list(m.ci) if m.ci else None, "n": len(m.values), "verdict": m.verdict,
+            "reason": m.reason, "cells": list(m.cells)}
+
+
+def claim_record(suite: Suite, spec: ClaimsSpec, assessed: tuple[list[str], list[ClaimResult]], report: Path,
+                 quick: bool = False, selection: str = "") -> dict:
+    """The report's claims as data (the fields drift_cli/suite/claims_index.py checks and reads),
+    from the same results as its markdown."""
+    columns, results = assessed
+    claims = []
+    for res in results:
+        c = res.claim
+        per_column = {}
+        for col in columns:
+            copying = ({"rivals": res.rivals.get(col), "text": _copying_text(res.copying[col], res.rivals[col])}
+                       if c.copying else None)
+            per_column[col] = {"verdict": res.verdicts[col], "copying": copying,
+                               "parts": [_measured_json(m) for m in res.parts[col]]}
+        claims.append({
+            "id": c.id, "title": c.title, "quote": c.quote, "source": SOURCES.get(c.seed, c.seed), "gain": c.gain,
+            "pending": c.pending,
+            "parts": [{"label": p.label, "figure": p.figure, "side": p.side, "threshold": p.threshold,
+                       "operands": [{"name": n, "metric": op.metric, "where": op.where} for n, op in p.operands.items()]}
+                      for p in c.parts],
+            "columns": per_column})
+    names = (spec.columns,) if isinstance(spec.columns, str) else spec.columns
+    return {"record": RECORD_VERSION, "suite": suite.name, "suite_file": str(suite.path), "report": Path(report).name,
+            "quick": quick, "selection": selection.strip(), "derived_from": "cells", "column_settings": list(names),
+            "repeat": list(spec.repeat), "columns": list(columns), "claims": claims}
