@@ -230,7 +230,7 @@ def render_index(records: list[Record], cat: dict[int, list[tuple[Path, Claim]]]
     titles: dict[int, str] = {}
     for r in records:
         rec = r.data
-        link = f"[`{rec['suite']}`]({_rel(r.path.parent.parent / rec['report'], out)})"
+        link = f"`{rec['suite']}` ([{rec['report']}]({_rel(r.path.parent.parent / rec['report'], out)}))"
         for c in rec["claims"]:
             for col in rec["columns"]:
                 res = c["columns"][col]
@@ -245,19 +245,19 @@ def render_index(records: list[Record], cat: dict[int, list[tuple[Path, Claim]]]
                 rivals = res["copying"]["rivals"] if res["copying"] else None
                 if note := gain_note(c["gain"], rivals, res["verdict"]):
                     verdict += f"; {note}"
-                title = c["title"] if titles.get(c["id"]) != c["title"] else "″"
-                titles.setdefault(c["id"], c["title"])
+                title = c["title"] if titles.get(c["id"]) != c["title"] else "″"     # as the row above
+                titles[c["id"]] = c["title"]
                 rows.setdefault(c["id"], []).append([str(c["id"]), title, where, figs, thresholds, verdict])
     for cid, declared in cat.items():
         if cid in rows:
             continue
         for path, claim in declared:
-            thresholds = "<br>".join(side_text(p.side, p.threshold) for p in claim.parts) or "–"
+            thresholds = "<br>".join(_tag(p.label) + side_text(p.side, p.threshold) for p in claim.parts) or "–"
             reason = claim.pending or (f"no committed claims report measures it yet; "
                                        f"`drift suite run {path.as_posix()} --claim {cid} --jobs 2 && "
                                        f"drift suite report {path.as_posix()} --claims`")
             title = claim.title if titles.get(cid) != claim.title else "″"
-            titles.setdefault(cid, claim.title)
+            titles[cid] = claim.title
             rows.setdefault(cid, []).append([str(cid), title, f"`{path.stem}` (`{path.as_posix()}`)",
                                              f"not measured: {reason}", thresholds, "**not measured**"])
     reports = []
