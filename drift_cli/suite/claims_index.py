@@ -179,8 +179,8 @@ def catalogue(suites: Path) -> dict[int, list[tuple[Path, Claim]]]:
         raw = read_toml(p)
         if "claim" not in raw:
             continue
-        for c in parse_claims(raw, p).claims:
-            out.setdefault(c.id, []).append((p, c))
+        for c in parse_claims(raw, p).claims:     # named as from the folder above (suites/x.toml): the same text anywhere
+            out.setdefault(c.id, []).append((Path(suites.resolve().name) / p.name, c))
     return out
 
 
