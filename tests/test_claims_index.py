@@ -206,3 +206,23 @@ def test_a_reports_record_reads_into_the_index(tmp_path, capsys):
     assert set(by) == set(range(1, 26))
     assert by[3][5] == "**holds**" and "`claims-quick` ([claims-quick.md](claims-quick.md)) · micro / layer" in by[3][2]
     assert by[24][5] == "**not measured**" and by[25][5] == "**not measured**"     # no record measures them here
+
+
+def test_the_committed_records_are_the_committed_reports_read_back(monkeypatch):
+    """scripts/claims_records_from_md.py made the records of the reports measured before records
+    existed; each still reads back from its markdown to the same record, and writes the same rows."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("claims_records_from_md", ROOT / "scripts" / "claims_records_from_md.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.chdir(ROOT)                  # the reports name their suite files from the repository root
+    records = sorted((ROOT / "docs" / "claims-records").glob("*.json"))
+    assert records
+    for path in records:
+        rec = json.loads(path.read_text())
+        if rec["derived_from"] != "markdown":
+            continue
+        md = Path("docs") / rec["report"]
+        assert script.record_from_markdown(md) == rec, path.name
+        script.check_read_back(md, rec)

@@ -279,7 +279,8 @@ def render_index(records: list[Record], cat: dict[int, list[tuple[Path, Claim]]]
         "`drift claims index --check`. Do not edit it by hand.",
         "",
         "**Verdicts.** A part *holds* when its figure's 95% CI (Student-t, over the repeats) lies wholly on the "
-        "claim's side of the threshold and *fails* when it lies wholly on the other side; a claim holds when every "
+        "claim's side of the threshold and *fails* when it lies wholly on the other side (the reports' confirmed "
+        "and refuted); a claim holds when every "
         "part holds, fails when any part fails, and is otherwise inconclusive, or not measured when no part has a "
         "figure. The rule in full, the copying control beside each DRIFT claim, the commands that re-run each "
         "claim's cells and the plots: the reports.",
