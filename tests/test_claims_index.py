@@ -195,6 +195,10 @@ def test_a_reports_record_reads_into_the_index(tmp_path, capsys):
     claim3 = next(c for c in rec["claims"] if c["id"] == 3)["columns"]["micro / layer"]
     part = claim3["parts"][0]
     assert claim3["verdict"] == "confirmed" and part["n"] == 3 and part["ci"][1] < 3 and len(part["cells"]) == 3
+    # a report written elsewhere than the suite's [claims] out regenerates into the same file, never
+    # over the suite's own report
+    assert rec["selection"] == f"--claims-out {md.as_posix()}"
+    assert f"--claims --claims-out {md.as_posix()}\n" in md.read_text()
     # the markdown says the same
     row3 = next(line for line in md.read_text().splitlines() if line.startswith("| 3 |"))
     assert f"{C._fmt(part['mean'])} [{C._fmt(part['ci'][0])}, {C._fmt(part['ci'][1])}], n = 3 → confirmed" in row3
@@ -206,6 +210,7 @@ def test_a_reports_record_reads_into_the_index(tmp_path, capsys):
     assert set(by) == set(range(1, 26))
     assert by[3][5] == "**holds**" and "`claims-quick` ([claims-quick.md](claims-quick.md)) · micro / layer" in by[3][2]
     assert by[24][5] == "**not measured**" and by[25][5] == "**not measured**"     # no record measures them here
+    assert f"`drift suite report {CLAIMS_SUITE} --quick --claims-out {md.as_posix()} --claims`" in index.read_text()
 
 
 def test_the_committed_records_are_the_committed_reports_read_back(monkeypatch):

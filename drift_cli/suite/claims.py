@@ -615,9 +615,11 @@ def gain_note(gain: bool, rivals: bool | None, claim_verdict: str) -> str:
 
 def render(suite: Suite, spec: ClaimsSpec, runs: dict[str, RunJson], states: dict[str, str], manifest: dict,
            out: Path, quick: bool = False, selection: str = "",
-           assessed: tuple[list[str], list[ClaimResult]] | None = None) -> str:
+           assessed: tuple[list[str], list[ClaimResult]] | None = None, out_flag: str = "") -> str:
     """The claims report's markdown; writes its PNGs into `<out's stem>/` beside it. `assessed`:
-    `assess`'s result, when the caller has it (write_claims builds the record from the same)."""
+    `assess`'s result, when the caller has it (write_claims builds the record from the same).
+    out_flag: ` --claims-out PATH` when the report goes elsewhere than the suite's [claims] out, so
+    that its regenerate line rewrites this report and not the suite's own."""
     columns, results = assessed if assessed is not None else assess(suite, spec, runs)
     cols = columns_of(suite, spec, runs)
     plot_dir = out.parent / out.stem
@@ -628,7 +630,7 @@ def render(suite: Suite, spec: ClaimsSpec, runs: dict[str, RunJson], states: dic
     q = " --quick" if quick else ""
     lines = [f"# The seeds' claims, measured (suite `{suite.name}`)", "",
              "Regenerate everything below with", "", "```bash",
-             f"drift suite run {suite.path}{q}{selection} --jobs 2 && drift suite report {suite.path}{q}{selection} --claims",
+             f"drift suite run {suite.path}{q}{selection} --jobs 2 && drift suite report {suite.path}{q}{selection} --claims{out_flag}",
              "```", "",
              VERDICT_RULE, "",
              f"Columns: the {columns_text(spec)} ({', '.join(f'`{c}`' for c in columns)}). Repeats (the units of "
@@ -697,8 +699,9 @@ def write_claims(suite: Suite, root: Path, out: Path | None = None, quick: bool 
     manifest = json.loads((root / "suite.json").read_text()) if (root / "suite.json").is_file() else {}
     path = Path(out) if out is not None else spec.out
     assessed = assess(suite, spec, runs)
-    text = render(suite, spec, runs, states, manifest, path, quick, selection, assessed)
-    rec = claim_record(suite, spec, assessed, path, quick, selection)
+    out_flag = "" if path == Path(spec.out) else f" --claims-out {path.as_posix()}"
+    text = render(suite, spec, runs, states, manifest, path, quick, selection, assessed, out_flag)
+    rec = claim_record(suite, spec, assessed, path, quick, selection + out_flag)
     atomic_write_bytes(path, text.encode())
     atomic_write_bytes(record_path(path), (strict_json(rec, indent=1) + "\n").encode())
     return path
