@@ -315,6 +315,34 @@ def test_rejected_drafts_leave_the_head_as_a_fresh_prefill(heads):
         drafter.rows.lengths, drafter.real, drafter._carry = before[0], before[1], before[2]
 
 
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_refill_holds_what_a_full_prefill_holds(heads, kind):
+    """`refill_row` (OSD's re-prefill after a weight change: the keys/values alone but for the
+    last pair) over a stale row leaves the cache, the real count and the carry a full forward over
+    every pair leaves, and the next draft step's logits equal."""
+    head, target = heads[kind], heads["target"]
+    lm = CausalLM(target, "t")
+    lm.capture(head.target_layers)
+    ids = torch.tensor([3, 9, 4, 3, 9, 5, 6, 7, 8, 5, 6, 2, 11, 5])
+    lm.forward(ids[None])
+    states = lm.features[0]
+    full, refilled = HeadDrafter(head), HeadDrafter(head)
+    for d in (full, refilled):
+        d.reset_rows(2)
+        d.add_features(1, states[:-1])
+    full.forward_rows([1], [ids[1:-1]])
+    refilled.forward_rows([1], [torch.tensor([7, 7, 1, 2, 30, 31, 5])])   # entries of other tokens, then the refill
+    refilled.refill_row(1, ids)
+    n = len(ids) - 2
+    assert full.rows.lengths[1] == refilled.rows.lengths[1] == n and full.real[1] == refilled.real[1] == n
+    torch.testing.assert_close(refilled.carry(1), full.carry(1), rtol=1e-5, atol=1e-5)
+    for store in ("keys", "values"):
+        for a, b in zip(getattr(full.rows, store), getattr(refilled.rows, store), strict=True):
+            torch.testing.assert_close(b[1, :, :n], a[1, :, :n], rtol=1e-5, atol=1e-5)
+    steps = [d.forward_rows([1], [ids[-1:]])[1] for d in (full, refilled)]
+    torch.testing.assert_close(steps[1], steps[0], rtol=1e-4, atol=1e-4)
+
+
 # -- OSD trains the head alone ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])

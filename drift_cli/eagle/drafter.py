@@ -121,13 +121,20 @@ class HeadDrafter:
             keep = max(0, min(self.rows.lengths[s], self.real[s], n - 1))
             self.rows.lengths[s] = self.real[s] = keep
 
+    @torch.inference_mode()
     def refill_row(self, slot: int, ids: torch.Tensor) -> None:
         """Recompute a row's cache from its known states over its committed ids [L] (after a
-        change of the head's weights, never after a rollback)."""
+        change of the head's weights, never after a rollback): the pairs but the last as keys and
+        values alone (`EagleHead.fill`), the last one whole, for the carry the next draft reads."""
         self.rows.lengths[slot] = self.real[slot] = 0
         self._carry[slot] = None
+        if len(ids) > 3:
+            feed = ids[1:-2]
+            g = self._states([slot], [0], [len(feed)], len(feed))
+            self._forward([slot], feed[None], [len(feed)], g, fill=True)
+            self.real[slot] = len(feed)                # every one of them fed the target's state
         if len(ids) > 2:
-            self.forward_rows([slot], [ids[1:-1]])
+            self.forward_rows([slot], [ids[-2:-1]])
 
     # -- the forward -----------------------------------------------------------------------------
 
@@ -200,9 +207,11 @@ class HeadDrafter:
             ids[i, :len(f)] = f
         return ids, sizes
 
-    def _forward(self, slots: list[int], ids: torch.Tensor, sizes: list[int], g: torch.Tensor, attend=None):
+    def _forward(self, slots: list[int], ids: torch.Tensor, sizes: list[int], g: torch.Tensor, attend=None,
+                 fill: bool = False):
         """ids [R, S] with states g [R, S, d] at the rows' next cache slots, causal (position = slot)
-        or as `attend` says -> (hidden, logits, carry); the rows' lengths grow by their sizes."""
+        or as `attend` says -> (hidden, logits, carry); the rows' lengths grow by their sizes.
+        fill: the keys/values alone (a re-prefill), returns None."""
         cache, device = self.rows, self.device
         width = ids.shape[1]
         start = [cache.lengths[s] for s in slots]
@@ -216,12 +225,15 @@ class HeadDrafter:
         dtype = g.dtype
         mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
         with self.clock.span(f"forward_{self.name}"):
-            hidden, carry, _ = self.model(ids.to(device), g, pos, mask[:, None], cache=cache)
-            logits = self.head(hidden)
+            if fill:
+                self.model.fill(ids.to(device), g, pos, mask[:, None], cache)
+            else:
+                hidden, carry, _ = self.model(ids.to(device), g, pos, mask[:, None], cache=cache)
+                logits = self.head(hidden)
         for s, p, n in zip(slots, start, sizes, strict=True):
             cache.lengths[s] = p + n
         self.forward_calls += 1
-        return hidden, logits, carry
+        return None if fill else (hidden, logits, carry)
 
     # -- batch 1, the cost probe of `profile_costs` (`CausalLM`'s reset / forward / crop) ---------
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
-                                                      apply_rotary_pos_emb, repeat_kv)
+from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, repeat_kv,
+                                                      rotate_half)
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
@@ -54,15 +54,19 @@ class HeadAttention(nn.Module):
         self.v_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=bias)
 
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
+        """x [R, S, in] -> this step's (keys, values) [R, H_kv, S, hd], the keys rotated."""
+        r, s, _ = x.shape
+        k = self.k_proj(x).view(r, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(r, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        return rotate(k, cos, sin), v
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, layer: int,
                 cache=None, prefix: KV | None = None) -> tuple[torch.Tensor, KV]:
         """x [R, S, in], mask [R or 1, 1, S, keys] additive -> ([R, S, d], this step's (keys, values))."""
         r, s, _ = x.shape
-        q = self.q_proj(x).view(r, s, self.heads, self.head_dim).transpose(1, 2)          # [R, H, S, hd]
-        k = self.k_proj(x).view(r, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(r, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        new = (k, v)
+        q = rotate(self.q_proj(x).view(r, s, self.heads, self.head_dim).transpose(1, 2), cos, sin)   # [R, H, S, hd]
+        k, v = new = self.keys_values(x, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, layer)
         elif prefix is not None:
@@ -71,6 +75,12 @@ class HeadAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask,
                                              scale=self.head_dim ** -0.5)
         return self.o_proj(out.transpose(1, 2).reshape(r, s, -1)), new
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [R, H, S, hd] at cos/sin [R, S, hd] (Llama's, as transformers applies it)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (x * cos) + (rotate_half(x) * sin)
 
 
 def causal_mask(steps: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -129,6 +139,11 @@ class EagleHead(nn.Module):
                 cache=None, prefix: list[KV] | None = None) -> tuple[torch.Tensor, torch.Tensor, list[KV]]:
         """ids [R, S] (x_{i+1}), g [R, S, d], position_ids [R, S] -> (hidden [R, S, d] (the lm_head
         input), carry [R, S, d], this step's keys/values per layer)."""
+        raise NotImplementedError
+
+    def fill(self, ids: torch.Tensor, g: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache) -> None:
+        """A re-prefill: write these positions' keys/values into `cache` and compute nothing the
+        cache does not hold (no hidden state, no carry; the last layer's keys and values only)."""
         raise NotImplementedError
 
     def unroll(self, ids: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
@@ -193,17 +208,25 @@ class Eagle3Head(EagleHead):
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         return self.fc(features)
 
+    def _attention_input(self, ids: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (cat(e, h) [R, S, 2d], h): what the midlayer's q/k/v read."""
+        m = self.midlayer
+        h = m.hidden_norm(g)
+        return torch.cat([m.input_layernorm(self.embed(ids)), h], dim=-1), h
+
     def forward(self, ids, g, position_ids, mask, cache=None, prefix=None):
         cos, sin = self.rotary(g, position_ids)
         m = self.midlayer
-        embeds = m.input_layernorm(self.embed(ids))
-        h = m.hidden_norm(g)
+        x, h = self._attention_input(ids, g)
         residual = h if self.norm_before_residual else g
-        attn, kv = m.self_attn(torch.cat([embeds, h], dim=-1), cos, sin, mask, 0, cache,
-                               None if prefix is None else prefix[0])
+        attn, kv = m.self_attn(x, cos, sin, mask, 0, cache, None if prefix is None else prefix[0])
         residual = residual + attn
         prenorm = residual + m.mlp(m.post_attention_layernorm(residual))
         return self.norm(prenorm), prenorm, [kv]
+
+    def fill(self, ids, g, position_ids, mask, cache):
+        cos, sin = self.rotary(g, position_ids)                # one layer: its keys/values alone
+        cache.update(*self.midlayer.self_attn.keys_values(self._attention_input(ids, g)[0], cos, sin), 0)
 
 
 class Eagle1Layer(nn.Module):
@@ -236,11 +259,21 @@ class Eagle1Head(EagleHead):
         return [p for name, p in self.named_parameters() if name.startswith(("fc.", "layers."))]
 
     def forward(self, ids, g, position_ids, mask, cache=None, prefix=None):
+        return self._layers(ids, g, position_ids, mask, cache, prefix)
+
+    def fill(self, ids, g, position_ids, mask, cache):
+        self._layers(ids, g, position_ids, mask, cache, fill=True)
+
+    def _layers(self, ids, g, position_ids, mask, cache=None, prefix=None, fill=False):
+        """The layers in turn; fill: the last one's keys/values into the cache, and stop there."""
         x = self.fc(torch.cat([self.embed(ids), g], dim=-1))
         cos, sin = self.rotary(x, position_ids)
         kvs = []
         for i, layer in enumerate(self.layers):
             h = x if i == 0 else layer.input_layernorm(x)
+            if fill and i == len(self.layers) - 1:
+                cache.update(*layer.self_attn.keys_values(h, cos, sin), i)
+                return None
             attn, kv = layer.self_attn(h, cos, sin, mask, i, cache, None if prefix is None else prefix[i])
             x = x + attn
             x = x + layer.mlp(layer.post_attention_layernorm(x))

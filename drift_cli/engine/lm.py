@@ -209,7 +209,7 @@ class CausalLM:
         of the weights (OSD's update), never after a rollback."""
         self.reset_row(slot)
         if len(ids) > 1:
-            self.forward_rows([slot], [ids[:-1]])
+            self.forward_rows([slot], [ids[:-1]], logits=False)     # the keys/values, not the logits
 
     def crop_rows(self, slots: list[int], lengths: list[int]) -> None:
         """Roll each row back to its own committed length (never a re-prefill)."""
@@ -236,7 +236,7 @@ class CausalLM:
 
     @torch.inference_mode()
     def forward_rows(self, slots: list[int], feeds: list[torch.Tensor] | torch.Tensor,
-                     attend=None) -> tuple[torch.Tensor, torch.Tensor]:
+                     attend=None, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run feeds[i] (1-D ids; or a [R, S] tensor: every row S ids) after row slots[i]'s
         cached prefix, all rows in one pass.
 
@@ -244,9 +244,10 @@ class CausalLM:
         are its first len(feeds[i]) positions (the rest is padding: computed, then rolled back).
         attend: a tree's `drift_cli.engine.tree.Attention` (positions, visibility) instead of the
         causal one; the feeds are still written at the rows' next cache slots.
+        logits=False: the cache and the hidden states only (a re-prefill), logits None.
         """
         if self.rows is None:
-            return self.forward(feeds if isinstance(feeds, torch.Tensor) else feeds[0][None])
+            return self.forward(feeds if isinstance(feeds, torch.Tensor) else feeds[0][None], logits=logits)
         cache, device = self.rows, self.device
         ids, sizes = pad_feeds(feeds)
         s = ids.shape[1]
@@ -264,17 +265,18 @@ class CausalLM:
         mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
         with self.clock.span(f"forward_{self.name}"):
             hidden = self._decode(ids.to(device), pos, cache, mask[:, None])
-            logits = self.head(hidden)
+            out = self.head(hidden) if logits else None
             self._collect(hidden)
         for slot, n in zip(slots, sizes, strict=True):
             cache.lengths[slot] += n
         self.forward_calls += 1
         self.forward_tokens += ids.numel()
-        return hidden, logits
+        return hidden, out
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run ids [B, S] after the cached prefix; return (hidden [B, S, d], logits [B, S, V] fp32)."""
+    def forward(self, ids: torch.Tensor, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run ids [B, S] after the cached prefix; return (hidden [B, S, d], logits [B, S, V] fp32;
+        None when not asked for)."""
         if self.cache is None:
             self.reset()
         s = ids.shape[1]
@@ -283,14 +285,14 @@ class CausalLM:
             self.cache.begin(self.cache_len, s)
         with self.clock.span(f"forward_{self.name}"):
             hidden = self._decode(ids, pos.unsqueeze(0).expand(ids.shape[0], -1), self.cache, None)
-            logits = self.head(hidden)
+            out = self.head(hidden) if logits else None
             self._collect(hidden)
         self.cache_len += s
         if self.lean is not None:
             self.cache.length = self.cache_len
         self.forward_calls += 1
         self.forward_tokens += ids.numel()
-        return hidden, logits
+        return hidden, out
 
     def _decode(self, ids: torch.Tensor, pos: torch.Tensor, cache, mask: torch.Tensor | None) -> torch.Tensor:
         """The decoder's last hidden state for ids [R, S] at positions [R, S] over `cache` (a 4D
