@@ -119,7 +119,7 @@ def test_an_update_finishing_mid_step_does_not_reach_that_steps_proposal():
     calls = {"n": 0, "mid": None}
     records = []                                          # (version at propose, context, proposal)
 
-    def forward_rows(slots, feed):
+    def forward_rows(slots, feed, **kw):
         calls["n"] += 1
         # the second draft forward of the first proposal after an update was requested
         if calls["mid"] is None and policy.worker.stats.requested and calls["n"] == 2:
@@ -127,7 +127,7 @@ def test_an_update_finishing_mid_step_does_not_reach_that_steps_proposal():
             gate.set()                                    # the worker may update now ...
             assert published.wait(WAIT_S)                 # ... and has published before this forward
             policy.worker.hold = threading.Event()        # later updates stay held
-        return forward(slots, feed)
+        return forward(slots, feed, **kw)
 
     propose = policy.propose
 
