@@ -37,13 +37,13 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// x rows per pass in a call of `m` rows: [`GROUP`], except on AVX2 past 2 × GROUP rows.
-    /// AVX2 has 16 vector registers, all of them the 4 × 4 block's accumulators: while one or
-    /// two passes hide under the weights' read that costs nothing, but once the call is
-    /// compute-bound a 4 × 3 block (12 accumulators) runs faster per row (docs/engine.md).
+    /// x rows per pass in a call of `m` rows: [`GROUP`], except on AVX2 past GROUP rows.
+    /// AVX2 has 16 vector registers, all of them the 4 × 4 block's accumulators: in a single
+    /// pass that hides under the weights' read, but once a block takes two passes or more a
+    /// 4 × 3 block (12 accumulators) runs faster per row (docs/engine.md).
     pub fn group(self, m: usize) -> usize {
         match self {
-            Isa::Avx2 if m > 2 * GROUP => 3,
+            Isa::Avx2 if m > GROUP => 3,
             _ => GROUP,
         }
     }
@@ -329,7 +329,7 @@ unsafe fn rows(isa: Isa, p: &Problem<'_>, n0: usize, n1: usize, out: Out, dest: 
         while m < p.m {
             let g = isa.group(p.m).min(p.m - m);
             let mut dots = [[0f32; GROUP]; ROWS];
-            block(isa, p, n, r, m, g, m == 0, &mut dots);
+            block(isa, p, n, r, m, g, &mut dots);
             for (i, row) in dots.iter().enumerate().take(r) {
                 let b = p.bias.map_or(0.0, |b| b[n + i]);
                 for (j, d) in row.iter().enumerate().take(g) {
@@ -344,23 +344,21 @@ unsafe fn rows(isa: Isa, p: &Problem<'_>, n0: usize, n1: usize, out: Out, dest: 
     }
 }
 
-/// dots[i][j] = W[n + i] · x[m + j] for i < r, j < g; `prefetch`: also ask for the next block
-/// of W (the memory stream runs a block ahead of the arithmetic instead of alternating with it).
+/// dots[i][j] = W[n + i] · x[m + j] for i < r, j < g, asking for the block two on as it goes,
+/// in every pass over the block: the memory stream runs ahead of the arithmetic instead of
+/// alternating with it (a pass that finds its block in L1 still keeps the stream going; with
+/// the hint in the first pass only, 8 rows cost 1.2× what they do now on a Zen 3 core).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn block(isa: Isa, p: &Problem<'_>, n: usize, r: usize, m: usize, g: usize, prefetch: bool, dots: &mut [[f32; GROUP]; ROWS]) {
+fn block(isa: Isa, p: &Problem<'_>, n: usize, r: usize, m: usize, g: usize, dots: &mut [[f32; GROUP]; ROWS]) {
     let k = p.k;
     let w = &p.w[n * k..(n + r) * k];
     let x = &p.x[m * k..(m + g) * k];
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::dispatch_512(w, r, x, g, k, prefetch, dots) },
+        Isa::Avx512 => unsafe { x86::dispatch_512(w, r, x, g, k, dots) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::dispatch_256(w, r, x, g, k, prefetch, dots) },
-        _ => {
-            let _ = prefetch;
-            portable(w, r, x, g, k, dots)
-        }
+        Isa::Avx2 => unsafe { x86::dispatch_256(w, r, x, g, k, dots) },
+        _ => portable(w, r, x, g, k, dots),
     }
 }
 
@@ -394,10 +392,10 @@ mod x86 {
     macro_rules! dispatch {
         ($name:ident, $kernel:ident, $feat:literal) => {
             #[target_feature(enable = $feat)]
-            pub unsafe fn $name(w: &[f32], r: usize, x: &[f32], g: usize, k: usize, pf: bool, d: &mut [[f32; GROUP]; ROWS]) {
+            pub unsafe fn $name(w: &[f32], r: usize, x: &[f32], g: usize, k: usize, d: &mut [[f32; GROUP]; ROWS]) {
                 let (w, x) = (w.as_ptr(), x.as_ptr());
                 // two blocks ahead (W is row-major: the next block starts r·k floats on); into L2
-                let pf = if pf { 2 * r * k } else { 0 };
+                let pf = 2 * r * k;
                 match (r, g) {
                     (4, 4) => $kernel::<4, 4>(w, x, k, pf, d),
                     (4, 3) => $kernel::<4, 3>(w, x, k, pf, d),
@@ -423,8 +421,8 @@ mod x86 {
     dispatch!(dispatch_256, block_256, "avx2,fma");
 
     /// R weight rows (at w, stride k) against G x rows (at x, stride k): 16 lanes, one
-    /// accumulator per pair, FMA over K, masked tail, fixed reduction. pf > 0: prefetch the
-    /// lines pf floats ahead (the next block) as the loop goes (a hint: never faults).
+    /// accumulator per pair, FMA over K, masked tail, fixed reduction; the
+    /// lines pf floats ahead (the block two on) prefetched as the loop goes (a hint: never faults).
     #[target_feature(enable = "avx512f")]
     unsafe fn block_512<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: usize, d: &mut [[f32; GROUP]; ROWS]) {
         let mut acc = [[_mm512_setzero_ps(); G]; R];
@@ -435,10 +433,8 @@ mod x86 {
             for j in 0..G {
                 xs[j] = _mm512_loadu_ps(x.add(j * k + t));
             }
-            if pf != 0 {
-                for i in 0..R {
-                    _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(pf + i * k + t) as *const i8);
-                }
+            for i in 0..R {
+                _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(pf + i * k + t) as *const i8);
             }
             for i in 0..R {
                 let wv = _mm512_loadu_ps(w.add(i * k + t));
@@ -479,7 +475,7 @@ mod x86 {
             for j in 0..G {
                 xs[j] = _mm256_loadu_ps(x.add(j * k + t));
             }
-            if pf != 0 && t % 16 == 0 {
+            if t % 16 == 0 {
                 for i in 0..R {
                     _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(pf + i * k + t) as *const i8);
                 }
