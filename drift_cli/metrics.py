@@ -384,6 +384,16 @@ def convergence_steps(curve: list[tuple[int, float]], tail: float = 0.25, frac: 
     return curve[last_below + 1][0]
 
 
+def alpha_by_half(generations) -> list[float | None]:
+    """alpha over the stream's first half of prompts and over its second half, in stream order.
+    Two runs of one stream see the same prompts in each half, so the difference of their first
+    halves compares how soon two banks learn, paired on the prompts (where `convergence_steps`
+    reads a short stream's prompt-to-prompt swings instead)."""
+    ordered = sorted(generations, key=lambda g: g.prompt_index)
+    half = len(ordered) // 2
+    return [acceptance_rate([s for g in part for s in g.steps]) for part in (ordered[:half], ordered[half:])]
+
+
 SWITCH_WINDOW = 50   # verification steps per window around a target switch
 
 
@@ -552,6 +562,7 @@ def method_metrics(run, gamma: int, ar_run=None, greedy: bool = True, verify_rat
         "gamma_histogram": gamma_histogram(steps, gamma),
         "alpha_curve": curve,
         "convergence_steps": convergence_steps(curve),
+        "alpha_by_half": alpha_by_half(run.generations),
         "acceptance_by_entropy": acceptance_by_entropy(steps),
         "ar_match_rate": ar_match_rate(run.generations, ar_run.generations) if (greedy and ar_run) else None,
         "stream": stream_statistics(run.generations),

@@ -82,6 +82,20 @@ def test_alpha_curve_and_convergence():
     assert M.convergence_steps(curve[:3]) is None
 
 
+def test_alpha_by_half_pairs_the_stream_halves_by_prompt():
+    from drift_cli.engine.loop import Generation
+
+    def gen(i, accepted):
+        return Generation(prompt_index=i, prompt_ids=[1], output_ids=[2], steps=[step(4, a) for a in accepted],
+                          prefill_ms=0.0, hit_eos=False)
+
+    # finished out of order (a batched stream): the halves follow the prompt index, not the list
+    gens = [gen(2, [4, 4]), gen(0, [0, 1]), gen(3, [2]), gen(1, [1])]
+    assert M.alpha_by_half(gens) == [2 / 12, 10 / 12]
+    assert M.alpha_by_half([gen(0, [4])]) == [None, 1.0]
+    assert M.alpha_by_half([]) == [None, None]
+
+
 def test_acceptance_by_entropy():
     steps = [step(2, 1, ent=[0.1, 2.5]), step(2, 2, ent=[0.2, 0.7])]
     buckets = M.acceptance_by_entropy(steps)
