@@ -217,3 +217,25 @@ def attend_few(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
     """out [..., d] = x · (1 / sqrt(mean(x²) + eps)) · weight, the mean accumulated in f64 per row."""
+
+class DecoderPlan:
+    """A Llama decoder's weights, held, for a whole few-token step of one sequence in one call
+    (drift-bank-core `layer::decoder_step`; Python side: `lean.LeanDecoder._step`). The weights
+    are read at every step, never copied; their addresses are checked at every step."""
+
+    def __init__(self, weights: list[torch.Tensor], final_norm: torch.Tensor, heads: int, kv_heads: int,
+                 head_dim: int, eps: float, scale: float) -> None:
+        """weights: 9 per layer (input norm [d], q [Hq·D, d], k and v [Hkv·D, d], o [d, Hq·D], post
+        norm [d], gate and up [F, d], down [d, F]); ValueError where they are not a Llama layer."""
+
+    def current(self) -> bool:
+        """Whether every weight is still where the plan found it."""
+
+    def step(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: torch.Tensor, start: int,
+             mask: torch.Tensor | None, record: list[int], recorded: torch.Tensor | None, out: torch.Tensor,
+             threads: int) -> bool:
+        """h [1, S, d] (updated in place) through every layer; out [1, S, d] = the final RMSNorm.
+        cos, sin [1, S, D]; cache [layers, 2, 1, Hkv, capacity, D], positions start .. start + S
+        written; mask [S, start + S] additive (None for S = 1); the inputs of the layers in
+        `record` (ascending) into recorded [len(record), 1, S, d]. False, with nothing computed,
+        where a weight moved; ValueError on shapes that disagree or outputs that alias."""

@@ -1,6 +1,7 @@
 """The CPU skinny GEMM (`drift_cli.engine.cpu_linear`, `drift_bank_core::skinny`): agreement with
 F.linear, a row's outputs independent of the other rows scored with it, the switch to F.linear
-for training, and the whole forward's logits of a position alone vs among k tokens."""
+and for training (the whole forward's logits of a position alone vs among k tokens:
+tests/test_lean.py)."""
 
 from __future__ import annotations
 
@@ -93,22 +94,6 @@ def test_the_switch_turns_it_off(monkeypatch):
     assert not any(type(m) is cpu_linear.SkinnyLinear for m in model.modules())
     monkeypatch.setenv(cpu_linear.ENV, "1")
     assert CausalLM(model).model is model and any(type(m) is cpu_linear.SkinnyLinear for m in model.modules())
-
-
-def test_a_position_alone_and_among_k_tokens():
-    """The linear layers give a position's outputs bitwise alone or among k; attention over a
-    different number of queries may round differently. Close either way, and usually equal."""
-    lm = CausalLM(tiny_llama(vocab=64, hidden=64, layers=2, seed=5))
-    prefix = torch.arange(1, 21)[None]
-    feed = torch.tensor([[5, 9, 11, 3, 7, 2, 8, 1]])
-    lm.reset()
-    lm.forward(prefix)
-    alone = []
-    for i in range(feed.shape[1]):
-        alone.append(lm.forward(feed[:, i:i + 1])[1][0, 0])
-    lm.crop(prefix.shape[1])
-    together = lm.forward(feed)[1][0]
-    torch.testing.assert_close(torch.stack(alone), together, rtol=0, atol=1e-5)
 
 
 def test_more_threads_than_the_path_serves_take_f_linear():

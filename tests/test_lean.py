@@ -157,29 +157,60 @@ def test_the_kernels_refuse_shapes_that_disagree_and_outputs_that_alias():
         lean._FUSED[2](q, torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8), None, 1.0, torch.empty(1, 1, 32))
 
 
-def test_a_position_scored_alone_or_among_others(monkeypatch):
-    """The linear layers are bitwise exact in the rows scored; the attention of one query (the
-    kernel) and of several (a batched matmul) round differently: held within 1e-5 here."""
+def test_a_position_scored_alone_or_among_others_gives_the_same_bits():
+    """Batch 1's one-call step computes every position by the same operations whatever the
+    others (row-independent linear layers, attention whose masked keys add exact zeros): a
+    position's hidden state and logits are bitwise the same scored alone or among 8."""
     model = tiny_llama(hidden=64, seed=13)
     lm = CausalLM(model)
     ids = torch.randint(0, 48, (1, 20), generator=torch.Generator().manual_seed(1))
     lm.reset()
     lm.forward(ids[:, :12])
-    _, alone = lm.forward(ids[:, 12:13])
+    alone = [lm.forward(ids[:, i:i + 1]) for i in range(12, 20)]
     lm.crop(12)
-    _, among = lm.forward(ids[:, 12:20])
-    torch.testing.assert_close(alone[0, 0], among[0, 0], rtol=1e-5, atol=1e-5)
+    hidden, logits = lm.forward(ids[:, 12:20])
+    assert torch.equal(torch.cat([h for h, _ in alone], dim=1), hidden)
+    assert torch.equal(torch.cat([lg for _, lg in alone], dim=1), logits)
+
+
+def test_weights_updated_in_place_or_replaced_are_read_by_the_next_step(monkeypatch):
+    """The one-call step reads the weights at every call (OSD trains a draft in place) and
+    notices a weight that moved (`param.data = ...`): it rebuilds its plan, never reads freed memory."""
+    model = tiny_llama(layers=2, seed=19)
+    fast, stock = _pair(monkeypatch, model)
+    ids = torch.randint(0, 48, (1, 12), generator=torch.Generator().manual_seed(4))
+    for lm in (fast, stock):
+        lm.reset()
+        lm.forward(ids[:, :8])
+    plan = fast.lean._plan
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(1.5)                       # in place
+    _close(fast.forward(ids[:, 8:9])[1], stock.forward(ids[:, 8:9])[1])
+    assert fast.lean._plan is plan
+    proj = model.model.layers[0].self_attn.q_proj
+    proj.weight.data = proj.weight.data * 0.5                                       # moved
+    _close(fast.forward(ids[:, 9:12])[1], stock.forward(ids[:, 9:12])[1])
+    assert fast.lean._plan is not plan
 
 
 def test_two_threads_take_the_kernels_and_give_one_threads_bits(monkeypatch):
-    """Up to `MAX_THREADS` the fused kernels serve the step (the pool shares the weight rows) and
-    their numerics do not depend on the thread count: the same logits, bit for bit."""
+    """Up to `MAX_THREADS` the one-call step serves batch 1 (the pool shares the weight rows) and
+    its numerics do not depend on the thread count: the same logits, bit for bit."""
     from drift_cli.engine import cpu_linear
 
     assert cpu_linear.MAX_THREADS >= 2
     calls = []
-    counted = tuple((lambda f: lambda *a: (calls.append(f), f(*a))[1])(f) for f in lean._FUSED)
-    monkeypatch.setattr(lean, "_FUSED", counted)
+    real = lean._PLAN
+
+    class Counted:
+        def __init__(self, *args):
+            self.plan = real(*args)
+
+        def step(self, *args):
+            calls.append(args)
+            return self.plan.step(*args)
+
+    monkeypatch.setattr(lean, "_PLAN", Counted)
     model = tiny_llama(hidden=64, layers=2, seed=17)
     lm = CausalLM(model)
     ids = torch.randint(0, 48, (1, 16), generator=torch.Generator().manual_seed(3))
@@ -192,7 +223,7 @@ def test_two_threads_take_the_kernels_and_give_one_threads_bits(monkeypatch):
             lm.forward(ids[:, :10])
             calls.clear()
             out[threads] = torch.cat([lm.forward(ids[:, 10:11])[1], lm.forward(ids[:, 11:15])[1]], dim=1)
-            assert calls, f"{threads} threads: the fused kernels were not used"
+            assert calls, f"{threads} threads: the one-call step was not used"
             assert torch.get_num_threads() == threads       # restored after the kernels' block
     finally:
         torch.set_num_threads(before)

@@ -21,6 +21,11 @@ runs several:
     committed prefix and the new positions, no mask at all for a one-token step;
   * the MLP: `silu(gate) · up` in two element-wise kernels.
 
+At batch 1 (`FlatCache`, at most `MAX_ROWS` positions) the whole step is one call into the
+kernel (`DecoderPlan`, `drift_bank_core::layer::decoder_step`): every layer's RMSNorm + q/k/v,
+rotation, cache write, attention, o_proj and MLP, then the final norm, with no Python between
+them. Rows (`RowCache`) and trees take one call per fused piece (`_fused_layer`).
+
 It serves inference only (the caller holds `torch.inference_mode`), float32 on the CPU, plain
 Llama layers (`supports`): anything else (CUDA, other dtypes, attention or MLP biases, other
 architectures) keeps transformers' forward. `DRIFT_LEAN_FORWARD=0` keeps transformers' forward
@@ -29,8 +34,10 @@ turns this off too, so that the "before" of `drift profile` is the whole stock p
 
 Numerics: the same operations in the same order as transformers' Llama forward except for the
 fused RMSNorm and the rotation written without `cat` (both compute the same formula; results may
-differ from transformers' by float32 rounding). `tests/test_lean.py` holds it to transformers'
-forward within 1e-5 and holds every method's greedy output to `ar`'s on either path.
+differ from transformers' by float32 rounding). At batch 1 every operation is per position, so a
+position's hidden state and logits are bitwise the same scored alone or among others.
+`tests/test_lean.py` holds it to transformers' forward within 1e-5, holds that bitwise equality,
+and holds every method's greedy output to `ar`'s on either path.
 """
 
 from __future__ import annotations
@@ -80,11 +87,14 @@ def make(decoder: torch.nn.Module) -> LeanDecoder | None:
 
 
 class FlatCache:
-    """Batch 1's KV cache: per layer keys/values [1, kv_heads, capacity, head_dim], written in
-    place at the positions of each forward and rolled back by setting `length` (entries past it
-    are overwritten by the next forward). Capacity doubles when a forward would pass it."""
+    """Batch 1's KV cache: every layer's keys and values in one buffer [layers, 2, rows,
+    kv_heads, capacity, head_dim] (the layout the one-call step writes), written in place at the
+    positions of each forward and rolled back by setting `length` (entries past it are
+    overwritten by the next forward). `keys[i]` / `values[i]` are layer i's [rows, kv_heads,
+    capacity, head_dim] views. Capacity doubles when a forward would pass it."""
 
     def __init__(self) -> None:
+        self.store: torch.Tensor | None = None
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.length = 0              # committed positions
@@ -94,17 +104,17 @@ class FlatCache:
         """The next forward writes positions start .. start + width - 1 (start <= length)."""
         self._start, self._end = start, start + width
 
+    def reserve(self, layers: int, rows: int, kv_heads: int, head_dim: int, like: torch.Tensor) -> None:
+        """Room for the positions `begin` announced (the committed ones carried over on growth)."""
+        old = self.store
+        if old is not None and old.shape[4] >= self._end:
+            return
+        new = like.new_zeros(layers, 2, rows, kv_heads, max(64, 2 * self._end), head_dim)
+        if old is not None:
+            new[..., :self._start, :] = old[..., :self._start, :]
+        self.store, self.keys, self.values = new, list(new[:, 0]), list(new[:, 1])
+
     def update(self, key: torch.Tensor, value: torch.Tensor, layer: int, *args, **kwargs):
-        if layer == len(self.keys):
-            cap = max(64, 2 * self._end)
-            self.keys.append(key.new_zeros(key.shape[0], key.shape[1], cap, key.shape[3]))
-            self.values.append(value.new_zeros(value.shape[0], value.shape[1], cap, value.shape[3]))
-        elif self.keys[layer].shape[2] < self._end:
-            for store in (self.keys, self.values):
-                old = store[layer]
-                new = old.new_zeros(old.shape[0], old.shape[1], 2 * self._end, old.shape[3])
-                new[:, :, :self._start] = old[:, :, :self._start]
-                store[layer] = new
         k, v = self.keys[layer], self.values[layer]
         k[:, :, self._start:self._end] = key
         v[:, :, self._start:self._end] = value
@@ -142,6 +152,10 @@ class LeanDecoder:
         self.kv_heads = cfg.num_key_value_heads
         self.scale = attn.scaling
         self.half = self.head_dim // 2
+        norms = [n for x in self.layers for n in (x.input_layernorm, x.post_attention_layernorm)] + [decoder.norm]
+        self.eps = norms[0].variance_epsilon
+        self._one_eps = all(n.variance_epsilon == self.eps for n in norms)   # the one-call step takes one
+        self._plan = None             # the one-call step's held weights (`_step`), made on first use
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [R, S, H, D] rotated: x·cos + rotate_half(x)·sin, rotate_half(x) = (-x2, x1)."""
@@ -165,6 +179,11 @@ class LeanDecoder:
             visible = torch.ones(s, start + s, dtype=torch.bool).tril_(start)
             mask = torch.zeros(visible.shape, dtype=h.dtype).masked_fill_(~visible, torch.finfo(h.dtype).min)
         threads = torch.get_num_threads()
+        flat = isinstance(cache, FlatCache)
+        if flat:
+            cache.reserve(len(self.layers), r, self.kv_heads, self.head_dim, h)
+        if flat and r == 1 and _PLAN is not None and self._one_eps and s <= cpu_linear.MAX_ROWS and threads <= cpu_linear.MAX_THREADS:
+            return self._step(h, cos, sin, cache, mask, record, threads)
         captured: dict[int, torch.Tensor] = {}
         if _FUSED is None or r * s > cpu_linear.MAX_ROWS or threads > cpu_linear.MAX_THREADS:
             for i, layer in enumerate(self.layers):
@@ -183,6 +202,26 @@ class LeanDecoder:
             out = torch.empty_like(h)
             _FUSED[3](h, dec.norm.weight, dec.norm.variance_epsilon, out)
         return out, captured
+
+    def _step(self, h, cos, sin, cache: FlatCache, mask, record, threads):
+        """One sequence, few positions: every layer in one call of the kernel (`DecoderPlan`)."""
+        layers = sorted({i for i in record if i < len(self.layers)})
+        recorded = h.new_empty(len(layers), *h.shape) if layers else None
+        out = torch.empty_like(h)
+        args = (h, cos.contiguous(), sin.contiguous(), cache.store, cache._start, mask, layers, recorded, out, threads)
+        if self._plan is None or not self._plan.step(*args):          # built, or rebuilt: a weight moved
+            self._plan = self._make_plan()
+            if not self._plan.step(*args):
+                raise RuntimeError("the decoder's weights moved during a step")
+        return out, {i: recorded[j] for j, i in enumerate(layers)}
+
+    def _make_plan(self):
+        weights = []
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            weights += [layer.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight,
+                        layer.post_attention_layernorm.weight, m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight]
+        return _PLAN(weights, self.decoder.norm.weight, self.heads, self.kv_heads, self.head_dim, self.eps, self.scale)
 
     def _qkv_rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """[R, S, (Hq + 2 Hkv) · D] -> q [R, S, Hq, D] and k [R, S, Hkv, D] rotated, v [R, S, Hkv, D]."""
@@ -262,10 +301,10 @@ def _torch_threads(n: int):
 
 def _kernels():
     try:
-        from drift_cli._bank import attend_few, rms_norm, skinny_mlp, skinny_norm_linear
+        from drift_cli._bank import DecoderPlan, attend_few, rms_norm, skinny_mlp, skinny_norm_linear
     except ImportError:          # an extension built before the fused kernels existed
-        return None
-    return skinny_norm_linear, skinny_mlp, attend_few, rms_norm
+        return None, None
+    return (skinny_norm_linear, skinny_mlp, attend_few, rms_norm), DecoderPlan
 
 
-_FUSED = _kernels()
+_FUSED, _PLAN = _kernels()

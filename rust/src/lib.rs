@@ -512,6 +512,7 @@ fn _bank(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(linear::skinny_mlp, m)?)?;
     m.add_function(wrap_pyfunction!(linear::attend_few, m)?)?;
     m.add_function(wrap_pyfunction!(linear::rms_norm, m)?)?;
+    m.add_class::<linear::DecoderPlan>()?;
     m.add("SNAPSHOT_FORMAT_VERSION", FORMAT_VERSION)?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 use drift_bank_core::layer;
 use drift_bank_core::skinny::{self, Problem};
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
 
 use crate::kernels::tensor_layout;
@@ -239,4 +240,144 @@ pub fn rms_norm(py: Python<'_>, x: &Bound<'_, PyAny>, weight: &Bound<'_, PyAny>,
         layer::rms_norm(xs, ws, eps, y)
     });
     Ok(())
+}
+
+/// A Llama decoder's weights, held, for `drift_bank_core::layer::decoder_step`: a whole
+/// few-token step of one sequence in one call (Python side: drift_cli/engine/lean.py).
+///
+/// The weights are read at every step (OSD updates a draft's in place), never copied. Each
+/// tensor's address is recorded at construction and compared at every step: a weight that moved
+/// (`param.data = ...`, a reload) makes `step` return False without computing, and the caller
+/// builds a new plan.
+#[pyclass(module = "drift_cli._bank", name = "DecoderPlan")]
+pub struct DecoderPlan {
+    held: Vec<Py<PyAny>>,       // per layer: input norm, q, k, v, o, post norm, gate, up, down; then the final norm
+    spans: Vec<(usize, usize)>, // each one's (address, elements) as checked
+    shape: layer::DecoderShape,
+}
+
+/// The tensors a step writes or reads, checked distinct where one is written.
+fn check_distinct(written: &[(&str, &[f32])], read: &[(&str, &[f32])]) -> PyResult<()> {
+    for (i, (a, x)) in written.iter().enumerate() {
+        for (b, y) in written[i + 1..].iter().chain(read) {
+            if overlaps(x, y) {
+                return Err(PyValueError::new_err(format!("{a} overlaps {b}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[pymethods]
+impl DecoderPlan {
+    /// weights: 9 per layer (input norm [d], q [Hq·D, d], k and v [Hkv·D, d], o [d, Hq·D], post
+    /// norm [d], gate and up [F, d], down [d, F]); float32 CPU tensors, contiguous.
+    #[new]
+    #[pyo3(signature = (weights, final_norm, heads, kv_heads, head_dim, eps, scale))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(weights: Vec<Bound<'_, PyAny>>, final_norm: Bound<'_, PyAny>, heads: usize, kv_heads: usize, head_dim: usize, eps: f32, scale: f32) -> PyResult<Self> {
+        let bad = |m: String| Err(PyValueError::new_err(m));
+        if weights.is_empty() || weights.len() % 9 != 0 || kv_heads == 0 || heads % kv_heads != 0 || head_dim % 2 != 0 {
+            return bad(format!("DecoderPlan: {} weights (9 a layer), {heads} heads over {kv_heads} KV heads of {head_dim}", weights.len()));
+        }
+        let mut spans = Vec::with_capacity(weights.len() + 1);
+        let mut shapes = Vec::with_capacity(weights.len() + 1);
+        for t in weights.iter().chain([&final_norm]) {
+            // SAFETY: only the address and length are kept; the tensor is held by the plan
+            let (s, shape) = unsafe { contiguous_f32("weight", t)? };
+            spans.push((s.as_ptr() as usize, s.len()));
+            shapes.push(shape);
+        }
+        let d = *shapes.last().and_then(|s| s.first()).unwrap_or(&0);
+        let (nq, nk) = (heads * head_dim, kv_heads * head_dim);
+        for (l, layer) in shapes[..weights.len()].chunks_exact(9).enumerate() {
+            let f = layer[6].first().copied().unwrap_or(0);
+            let want: [&[usize]; 9] = [&[d], &[nq, d], &[nk, d], &[nk, d], &[d, nq], &[d], &[f, d], &[f, d], &[d, f]];
+            if layer.iter().zip(want).any(|(got, want)| got[..] != *want) || d == 0 {
+                return bad(format!("DecoderPlan: layer {l}'s weights {layer:?} are not a Llama layer of d {d}"));
+            }
+        }
+        let held = weights.iter().chain([&final_norm]).map(|t| t.clone().unbind()).collect();
+        Ok(DecoderPlan { held, spans, shape: layer::DecoderShape { heads, kv_heads, head_dim, eps, scale } })
+    }
+
+    /// Whether every weight is still where the plan found it.
+    fn current(&self, py: Python<'_>) -> PyResult<bool> {
+        for (t, &(ptr, _)) in self.held.iter().zip(&self.spans) {
+            if t.bind(py).call_method0(intern!(py, "data_ptr"))?.extract::<usize>()? != ptr {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// h [1, S, d] (updated in place) through every layer; out [1, S, d] = the final RMSNorm.
+    /// cos, sin [1, S, D]; cache [layers, 2, 1, Hkv, capacity, D] (positions from `start` are
+    /// written); mask [S, start + S] additive (None for S = 1); the inputs of the layers in
+    /// `record` (ascending) into recorded [len(record), 1, S, d]. False (nothing computed) where
+    /// a weight moved.
+    #[pyo3(signature = (h, cos, sin, cache, start, mask, record, recorded, out, threads))]
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &self,
+        py: Python<'_>,
+        h: &Bound<'_, PyAny>,
+        cos: &Bound<'_, PyAny>,
+        sin: &Bound<'_, PyAny>,
+        cache: &Bound<'_, PyAny>,
+        start: usize,
+        mask: Option<&Bound<'_, PyAny>>,
+        record: Vec<usize>,
+        recorded: Option<&Bound<'_, PyAny>>,
+        out: &Bound<'_, PyAny>,
+        threads: usize,
+    ) -> PyResult<bool> {
+        if !self.current(py)? {
+            return Ok(false);
+        }
+        let DecoderPlan { spans, shape, .. } = self;
+        let layers = (spans.len() - 1) / 9;
+        // SAFETY (all): the tensors are held by the caller for the whole call
+        let (hs, _) = unsafe { contiguous_f32("h", h)? };
+        let (cs, _) = unsafe { contiguous_f32("cos", cos)? };
+        let (ss, _) = unsafe { contiguous_f32("sin", sin)? };
+        let (ks, kshape) = unsafe { contiguous_f32("cache", cache)? };
+        let (os, _) = unsafe { contiguous_f32("out", out)? };
+        let ms = match mask {
+            Some(t) => Some(unsafe { contiguous_f32("mask", t)? }.0),
+            None => None,
+        };
+        let rs = match recorded {
+            Some(t) => unsafe { contiguous_f32("recorded", t)? }.0,
+            None => &[][..],
+        };
+        if kshape.len() != 6 || kshape[0] != layers || kshape[1] != 2 || kshape[2] != 1 || kshape[3] != shape.kv_heads || kshape[5] != shape.head_dim {
+            return Err(PyValueError::new_err(format!("cache {kshape:?} is not [{layers}, 2, 1, {}, capacity, {}]", shape.kv_heads, shape.head_dim)));
+        }
+        // SAFETY: addresses checked current just above; the plan holds the tensors
+        let weight = |i: usize| unsafe { std::slice::from_raw_parts(spans[i].0 as *const f32, spans[i].1) };
+        let mut read: Vec<(&str, &[f32])> = vec![("cos", cs), ("sin", ss), ("mask", ms.unwrap_or(&[]))];
+        read.extend((0..spans.len()).map(|i| ("a weight", weight(i))));
+        check_distinct(&[("h", hs), ("cache", ks), ("out", os), ("recorded", rs)], &read)?;
+        let capacity = kshape[4];
+        let mutable = |s: &[f32]| (s.as_ptr() as usize, s.len());
+        let (hp, kp, op, rp) = (mutable(hs), mutable(ks), mutable(os), mutable(rs));
+        let shape = *shape;
+        py.detach(move || {
+            let ws: Vec<layer::LayerWeights<'_>> = (0..layers)
+                .map(|l| {
+                    let w = |j| weight(9 * l + j);
+                    layer::LayerWeights { input_norm: w(0), q: w(1), k: w(2), v: w(3), o: w(4), post_norm: w(5), gate: w(6), up: w(7), down: w(8) }
+                })
+                .collect();
+            let written = |(p, n): (usize, usize)| -> &mut [f32] {
+                // SAFETY: distinct (checked), contiguous float32 buffers the caller gave to be written
+                if n == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) } }
+            };
+            let cache = layer::StepCache { data: written(kp), capacity, start };
+            layer::decoder_step(written(hp), &ws, weight(spans.len() - 1), shape, (cs, ss), cache, ms, &record, written(rp), written(op), threads.max(1))
+        })
+        .map_err(PyValueError::new_err)?;
+        Ok(true)
+    }
 }

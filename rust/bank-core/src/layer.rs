@@ -91,6 +91,139 @@ pub fn mlp(h: &mut [f32], norm: (&[f32], f32), gate: &[f32], up: &[f32], down: &
     Ok(())
 }
 
+/// One decoder layer's weights (torch's [out, in] matrices, row-major).
+#[derive(Clone, Copy)]
+pub struct LayerWeights<'a> {
+    pub input_norm: &'a [f32],
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub o: &'a [f32],
+    pub post_norm: &'a [f32],
+    pub gate: &'a [f32],
+    pub up: &'a [f32],
+    pub down: &'a [f32],
+}
+
+/// A decoder's attention shape: query heads, KV heads, head dim; RMSNorm's eps (every norm's);
+/// the attention's score scale.
+#[derive(Clone, Copy, Debug)]
+pub struct DecoderShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub eps: f32,
+    pub scale: f32,
+}
+
+/// One sequence's KV cache, every layer in one buffer: [layers, 2 (keys, values), kv_heads,
+/// capacity, head_dim]; positions below `start` are committed, the step writes start .. start + s.
+pub struct StepCache<'a> {
+    pub data: &'a mut [f32],
+    pub capacity: usize,
+    pub start: usize,
+}
+
+/// A whole decoder step over s new positions of one sequence, every layer in one call (so that
+/// a few-token step crosses from Python into the kernel once, not a dozen times a layer):
+/// per layer RMSNorm + q/k/v, the rotary embedding (x·cos + rotate_half(x)·sin; cos/sin
+/// [s, head_dim]), the keys and values written into the cache, attention over the committed
+/// prefix and the new positions (`mask` [s, start + s] additive; None: no mask, for s = 1),
+/// h += o·Woᵀ, then the MLP; `out` = the final RMSNorm of h (weight `final_norm`).
+/// h [s, d] is the residual stream, updated in place; before each layer in `record` (ascending)
+/// h is copied into the next [s, d] block of `recorded`.
+///
+/// Every operation is per position (the skinny GEMM's rows are independent, attention's masked
+/// keys add exact zeros), so a position's outputs are bitwise the same whether it is scored
+/// alone or among others.
+#[allow(clippy::too_many_arguments)]
+pub fn decoder_step(
+    h: &mut [f32],
+    layers: &[LayerWeights<'_>],
+    final_norm: &[f32],
+    shape: DecoderShape,
+    rope: (&[f32], &[f32]),
+    cache: StepCache<'_>,
+    mask: Option<&[f32]>,
+    record: &[usize],
+    recorded: &mut [f32],
+    out: &mut [f32],
+    threads: usize,
+) -> Result<(), String> {
+    let DecoderShape { heads, kv_heads, head_dim: hd, eps, scale } = shape;
+    let d = final_norm.len();
+    if d == 0 || h.len() % d != 0 || out.len() != h.len() || hd == 0 || hd % 2 != 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(format!("decoder_step: h {} / out {} over d {d}, {heads} heads over {kv_heads} KV heads of {hd}", h.len(), out.len()));
+    }
+    let s = h.len() / d;
+    let (cos, sin) = rope;
+    let StepCache { data: kv, capacity: cap, start } = cache;
+    let len = start + s;
+    let per_layer = 2 * kv_heads * cap * hd;
+    if cos.len() != s * hd || sin.len() != s * hd {
+        return Err(format!("decoder_step: cos/sin {} / {}, want {s} x {hd}", cos.len(), sin.len()));
+    }
+    if kv.len() != layers.len() * per_layer || len > cap {
+        return Err(format!("decoder_step: cache {} values for {} layers x 2 x {kv_heads} x {cap} x {hd}, positions to {len}", kv.len(), layers.len()));
+    }
+    if mask.is_some_and(|m| m.len() != s * len) || (mask.is_none() && s > 1) {
+        return Err(format!("decoder_step: a mask of {s} x {len} is needed for {s} positions"));
+    }
+    if recorded.len() != record.len() * s * d || record.windows(2).any(|w| w[0] >= w[1]) || record.last().is_some_and(|&l| l >= layers.len()) {
+        return Err(format!("decoder_step: record {record:?} (ascending, below {}) into {} values", layers.len(), recorded.len()));
+    }
+    let (nq, nk) = (heads * hd, kv_heads * hd);
+    let ld = nq + 2 * nk;
+    let mut qkv = vec![0f32; s * ld];
+    let mut o = vec![0f32; s * nq];
+    let mut rot = vec![0f32; hd];
+    let mut next = record.iter().peekable();
+    let mut slot = 0;
+    for (l, w) in layers.iter().enumerate() {
+        if next.next_if_eq(&&l).is_some() {
+            recorded[slot * s * d..(slot + 1) * s * d].copy_from_slice(h);
+            slot += 1;
+        }
+        norm_linears(h, d, Some((w.input_norm, eps)), &[w.q, w.k, w.v], &mut qkv, false, threads)?;
+        for (t, row) in qkv.chunks_exact_mut(ld).enumerate() {
+            let (c, sn) = (&cos[t * hd..(t + 1) * hd], &sin[t * hd..(t + 1) * hd]);
+            for x in row[..nq + nk].chunks_exact_mut(hd) {
+                rotate(x, c, sn, &mut rot);
+            }
+        }
+        let layer = &mut kv[l * per_layer..(l + 1) * per_layer];
+        for (t, row) in qkv.chunks_exact(ld).enumerate() {
+            for kh in 0..kv_heads {
+                let at = (kh * cap + start + t) * hd;
+                layer[at..at + hd].copy_from_slice(&row[nq + kh * hd..nq + (kh + 1) * hd]);
+                let at = per_layer / 2 + at;
+                layer[at..at + hd].copy_from_slice(&row[nq + nk + kh * hd..nq + nk + (kh + 1) * hd]);
+            }
+        }
+        let (keys, values) = layer.split_at(per_layer / 2);
+        let view = |data, strides| View { data, strides };
+        let kv_strides = [per_layer / 2, cap * hd, hd];
+        attend(view(&qkv[..], [s * ld, ld, hd]), view(keys, kv_strides), view(values, kv_strides), mask.map(|m| (m, 0)),
+               [1, s, heads, kv_heads, len, hd], scale, &mut o)?;
+        norm_linears(&o, nq, None, &[w.o], h, true, threads)?;
+        mlp(h, (w.post_norm, eps), w.gate, w.up, w.down, threads)?;
+    }
+    rms_norm(h, final_norm, eps, out);
+    Ok(())
+}
+
+/// x [head_dim] rotated in place: x·cos + rotate_half(x)·sin, rotate_half(x) = (-x2, x1); the
+/// operations of `lean.LeanDecoder._rope` in its order (x·cos, then the product added).
+#[inline(always)]
+fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], tmp: &mut [f32]) {
+    let h = x.len() / 2;
+    tmp.copy_from_slice(x);
+    for i in 0..h {
+        x[i] = tmp[i] * cos[i] + -tmp[i + h] * sin[i];
+        x[i + h] = tmp[i + h] * cos[i + h] + tmp[i] * sin[i + h];
+    }
+}
+
 /// e^x for x <= 0 (a softmax's shifted scores), branch-free so that a loop of it vectorises:
 /// x = n·ln 2 + t (Cody-Waite in two parts), e^t by its degree-7 Taylor polynomial on |t| <=
 /// ln 2 / 2, times 2^n through the exponent bits; within 2 ulp of `f32::exp` on [-87, 0], and
@@ -118,6 +251,13 @@ impl View<'_> {
     fn at(&self, a: usize, b: usize, c: usize, d: usize) -> &[f32] {
         let o = a * self.strides[0] + b * self.strides[1] + c * self.strides[2];
         &self.data[o..o + d]
+    }
+
+    /// Positions 0 .. n of (a, b) as one contiguous [n, d] block, where they are one.
+    #[inline(always)]
+    fn rows(&self, a: usize, b: usize, n: usize, d: usize) -> Option<&[f32]> {
+        let o = a * self.strides[0] + b * self.strides[1];
+        (self.strides[2] == d && n > 0).then(|| &self.data[o..o + n * d])
     }
 }
 
@@ -165,10 +305,21 @@ fn attend_body(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f3
                     *x = v * scale;
                 }
             }
-            for j in 0..len {
-                let kj = keys.at(row, kh, j, d);
-                for (qi, qv) in qs.chunks_exact(d).enumerate() {
-                    p[qi * len + j] = crate::kernels::dot(qv, kj);
+            // the scores: four keys at a time where a head's keys are contiguous rows (the same
+            // bits as one `dot` each, `kernels::dots`)
+            match keys.rows(row, kh, len, d) {
+                Some(rows) => {
+                    for (qv, pr) in qs.chunks_exact(d).zip(p.chunks_exact_mut(len)) {
+                        crate::kernels::dots(rows, qv, pr);
+                    }
+                }
+                None => {
+                    for j in 0..len {
+                        let kj = keys.at(row, kh, j, d);
+                        for (qi, qv) in qs.chunks_exact(d).enumerate() {
+                            p[qi * len + j] = crate::kernels::dot(qv, kj);
+                        }
+                    }
                 }
             }
             for (qi, pr) in p.chunks_exact_mut(len).enumerate() {
@@ -191,13 +342,18 @@ fn attend_body(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f3
                     *x *= inv;
                 }
             }
-            acc.fill(0.0);
-            for j in 0..len {
-                let vj = values.at(row, kh, j, d);
-                for (qi, o) in acc.chunks_exact_mut(d).enumerate() {
-                    let w = p[qi * len + j];
-                    for (o, &v) in o.iter_mut().zip(vj) {
-                        *o += w * v;
+            // o = Σ_j p_j · v_j, in order of j, one query at a time
+            for (o, pr) in acc.chunks_exact_mut(d).zip(p.chunks_exact(len)) {
+                match d {
+                    64 => weighted_sum::<64>(o, pr, |j| values.at(row, kh, j, d)),
+                    128 => weighted_sum::<128>(o, pr, |j| values.at(row, kh, j, d)),
+                    _ => {
+                        o.fill(0.0);
+                        for (j, &w) in pr.iter().enumerate() {
+                            for (o, &v) in o.iter_mut().zip(values.at(row, kh, j, d)) {
+                                *o += w * v;
+                            }
+                        }
                     }
                 }
             }
@@ -207,6 +363,20 @@ fn attend_body(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f3
             }
         }
     }
+}
+
+/// out = Σ_j w[j] · v(j) over j in order (separate multiply and add, as the generic loop), with
+/// the D sums in a local array the compiler keeps in registers.
+#[inline(always)]
+fn weighted_sum<'a, const D: usize>(out: &mut [f32], w: &[f32], v: impl Fn(usize) -> &'a [f32]) {
+    let mut o = [0f32; D];
+    for (j, &wj) in w.iter().enumerate() {
+        let vj: &[f32; D] = v(j).try_into().expect("a value row of D");
+        for t in 0..D {
+            o[t] += wj * vj[t];
+        }
+    }
+    out.copy_from_slice(&o);
 }
 
 #[cfg(test)]
@@ -298,7 +468,14 @@ mod tests {
 
     #[test]
     fn attend_matches_a_softmax_reference() {
-        let (r, s, hq, hkv, len, d) = (2, 3, 4, 2, 5, 8);
+        // head dims 64 and 128 take the register-held weighted sums, 8 the generic loop
+        for d in [8, 64, 128] {
+            attend_against_a_reference(d);
+        }
+    }
+
+    fn attend_against_a_reference(d: usize) {
+        let (r, s, hq, hkv, len) = (2, 3, 4, 2, 5);
         let (q, k, v, m) = (data(r * s * hq * d, 11), data(r * hkv * len * d, 12), data(r * hkv * len * d, 13), data(r * s * len, 14));
         let view = |data: &'static [f32], st: [usize; 3]| View { data, strides: st };
         let (q, k, v, m): (&'static [f32], &'static [f32], &'static [f32], &'static [f32]) =
@@ -325,6 +502,146 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A decoder of `n` random layers (d 16, 4 heads over 2 KV heads of 4, MLP 24) as owned buffers.
+    fn decoder(n: usize) -> (Vec<[Vec<f32>; 9]>, Vec<f32>, DecoderShape) {
+        let (d, f, hd) = (16, 24, 4);
+        let shape = DecoderShape { heads: 4, kv_heads: 2, head_dim: hd, eps: 1e-5, scale: 0.5 };
+        let sizes = [d, 4 * hd * d, 2 * hd * d, 2 * hd * d, d * 4 * hd, d, f * d, f * d, d * f];
+        let layers = (0..n).map(|l| std::array::from_fn(|i| data(sizes[i], 100 + 10 * l as u64 + i as u64))).collect();
+        (layers, data(d, 99), shape)
+    }
+
+    fn weights(layers: &[[Vec<f32>; 9]]) -> Vec<LayerWeights<'_>> {
+        layers
+            .iter()
+            .map(|w| LayerWeights { input_norm: &w[0], q: &w[1], k: &w[2], v: &w[3], o: &w[4], post_norm: &w[5], gate: &w[6], up: &w[7], down: &w[8] })
+            .collect()
+    }
+
+    /// cos/sin [s, hd] for positions start.. (any values: the step takes them as given)
+    fn rope_at(start: usize, s: usize, hd: usize) -> (Vec<f32>, Vec<f32>) {
+        let angle = |p: usize, i: usize| p as f32 * (1.0 + (i % (hd / 2)) as f32) * 0.1;
+        let at = |f: fn(f32) -> f32| (start..start + s).flat_map(|p| (0..hd).map(move |i| f(angle(p, i)))).collect();
+        (at(f32::cos), at(f32::sin))
+    }
+
+    fn causal(start: usize, s: usize) -> Vec<f32> {
+        (0..s).flat_map(|i| (0..start + s).map(move |j| if j <= start + i { 0.0 } else { f32::MIN })).collect()
+    }
+
+    /// Runs positions start .. start + s of `x` through the decoder over `cache`; returns out.
+    fn run(layers: &[LayerWeights<'_>], fin: &[f32], shape: DecoderShape, cache: &mut [f32], cap: usize, x: &[f32], start: usize, s: usize) -> Vec<f32> {
+        let d = fin.len();
+        let mut h = x[start * d..(start + s) * d].to_vec();
+        let (cos, sin) = rope_at(start, s, shape.head_dim);
+        let mask = (s > 1).then(|| causal(start, s));
+        let mut out = vec![0f32; s * d];
+        let step = StepCache { data: cache, capacity: cap, start };
+        decoder_step(&mut h, layers, fin, shape, (&cos, &sin), step, mask.as_deref(), &[], &mut [], &mut out, 1).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_decoder_step_matches_a_float64_llama_forward() {
+        let (owned, fin, shape) = decoder(2);
+        let layers = weights(&owned);
+        let (d, hd, nq, nkv, t) = (16, 4, 4, 2, 5);
+        let x = data(t * d, 7);
+        let cap = 8;
+        let mut cache = vec![0f32; 2 * 2 * nkv * cap * hd];
+        let got = run(&layers, &fin, shape, &mut cache, cap, &x, 0, t);
+        // the reference: every position at once, in f64
+        let (cos, sin) = rope_at(0, t, hd);
+        let f64s = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<f64>>();
+        let norm = |h: &[f64], w: &[f32]| -> Vec<f64> {
+            h.chunks_exact(d).flat_map(|r| {
+                let inv = 1.0 / (r.iter().map(|v| v * v).sum::<f64>() / d as f64 + 1e-5).sqrt();
+                r.iter().zip(w).map(move |(v, &g)| v * inv * g as f64).collect::<Vec<_>>()
+            }).collect()
+        };
+        let lin = |x: &[f64], w: &[f32], k: usize| -> Vec<f64> {
+            let n = w.len() / k;
+            x.chunks_exact(k).flat_map(|r| (0..n).map(move |j| (0..k).map(|i| r[i] * w[j * k + i] as f64).sum::<f64>())).collect()
+        };
+        let rot = |v: &mut [f64], p: usize| {
+            for hh in v.chunks_exact_mut(hd) {
+                let c = hh.to_vec();
+                for i in 0..hd {
+                    let other = if i < hd / 2 { -c[i + hd / 2] } else { c[i - hd / 2] };
+                    hh[i] = c[i] * cos[p * hd + i] as f64 + other * sin[p * hd + i] as f64;
+                }
+            }
+        };
+        let mut h = f64s(&x);
+        for w in &layers {
+            let xn = norm(&h, w.input_norm);
+            let (mut q, mut k, v) = (lin(&xn, w.q, d), lin(&xn, w.k, d), lin(&xn, w.v, d));
+            for p in 0..t {
+                rot(&mut q[p * nq * hd..(p + 1) * nq * hd], p);
+                rot(&mut k[p * nkv * hd..(p + 1) * nkv * hd], p);
+            }
+            let mut o = vec![0f64; t * nq * hd];
+            for p in 0..t {
+                for head in 0..nq {
+                    let kh = head / (nq / nkv);
+                    let qv = &q[(p * nq + head) * hd..][..hd];
+                    let sc: Vec<f64> = (0..=p).map(|j| (0..hd).map(|i| qv[i] * k[(j * nkv + kh) * hd + i]).sum::<f64>() * 0.5).collect();
+                    let top = sc.iter().cloned().fold(f64::MIN, f64::max);
+                    let z: f64 = sc.iter().map(|a| (a - top).exp()).sum();
+                    for i in 0..hd {
+                        o[(p * nq + head) * hd + i] = (0..=p).map(|j| (sc[j] - top).exp() / z * v[(j * nkv + kh) * hd + i]).sum();
+                    }
+                }
+            }
+            for (a, b) in h.iter_mut().zip(lin(&o, w.o, nq * hd)) {
+                *a += b;
+            }
+            let xn = norm(&h, w.post_norm);
+            let (g, u) = (lin(&xn, w.gate, d), lin(&xn, w.up, d));
+            let act: Vec<f64> = g.iter().zip(&u).map(|(&a, &b)| a / (1.0 + (-a).exp()) * b).collect();
+            for (a, b) in h.iter_mut().zip(lin(&act, w.down, 24)) {
+                *a += b;
+            }
+        }
+        let want = norm(&h, &fin);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((*a as f64 - b).abs() < 1e-4 * (1.0 + b.abs()), "{i}: {a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn a_position_scored_alone_or_among_others_gives_the_same_bits() {
+        let (owned, fin, shape) = decoder(3);
+        let layers = weights(&owned);
+        let (d, cap) = (16, 16);
+        let x = data(10 * d, 8);
+        let size = 3 * 2 * 2 * cap * 4;
+        // a prefix of 4, then positions 4..9 at once, against one at a time
+        let mut together = vec![0f32; size];
+        run(&layers, &fin, shape, &mut together, cap, &x, 0, 4);
+        let mut alone = together.clone();
+        let all = run(&layers, &fin, shape, &mut together, cap, &x, 4, 6);
+        for p in 4..10 {
+            let one = run(&layers, &fin, shape, &mut alone, cap, &x, p, 1);
+            assert!(one.iter().zip(&all[(p - 4) * d..(p - 3) * d]).all(|(a, b)| a.to_bits() == b.to_bits()), "position {p}");
+        }
+        assert!(alone.iter().zip(&together).all(|(a, b)| a.to_bits() == b.to_bits()), "the caches differ");
+        // recorded layer inputs: layer 0's input is the embedding itself
+        let mut h = x[..2 * d].to_vec();
+        let (cos, sin) = rope_at(0, 2, 4);
+        let (mut rec, mut out) = (vec![0f32; 2 * 2 * d], vec![0f32; 2 * d]);
+        let mut cache = vec![0f32; size];
+        let step = StepCache { data: &mut cache, capacity: cap, start: 0 };
+        decoder_step(&mut h, &layers, &fin, shape, (&cos, &sin), step, Some(&causal(0, 2)), &[0, 2], &mut rec, &mut out, 1).unwrap();
+        assert_eq!(&rec[..2 * d], &x[..2 * d]);
+        assert!(rec[2 * d..] != h[..] && rec[2 * d..] != x[..2 * d]);
+        // a step past the cache's capacity, or several positions without a mask, is refused
+        let step = StepCache { data: &mut cache, capacity: cap, start: cap };
+        assert!(decoder_step(&mut h, &layers, &fin, shape, (&cos, &sin), step, Some(&causal(cap, 2)), &[], &mut [], &mut out, 1).is_err());
+        let step = StepCache { data: &mut cache, capacity: cap, start: 0 };
+        assert!(decoder_step(&mut h, &layers, &fin, shape, (&cos, &sin), step, None, &[], &mut [], &mut out, 1).is_err());
     }
 
     #[test]
