@@ -61,12 +61,56 @@ fn dots_portable(keys: &[f32], h: &[f32], out: &mut [f32]) {
     }
 }
 
-/// [`dots_portable`] with 256-bit registers, four rows at a time (one partial-sum chain per row
-/// would leave the adder waiting on its own latency). Lane l of a row's accumulator holds the
-/// same sum as `dot`'s acc[l] (separate multiply and add, no FMA), so the bits are equal.
+/// [`dots_portable`] with 256-bit registers, eight rows at a time, then four (one partial-sum
+/// chain per row would leave the adder waiting on its own latency). Lane l of a row's
+/// accumulator holds the same sum as `dot`'s acc[l] (separate multiply and add, no FMA), and the
+/// eight rows' accumulators are reduced together in [`finish`]'s tree (below), so the bits are
+/// equal.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn dots_avx2(keys: &[f32], h: &[f32], out: &mut [f32]) {
+    use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_hadd_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_permute2f128_ps,
+        _mm256_setzero_ps, _mm256_storeu_ps,
+    };
+    let d = h.len();
+    let body = d - d % LANES;
+    let eights = out.len() - out.len() % 8;
+    for r in (0..eights).step_by(8) {
+        let base = keys.as_ptr().add(r * d);
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for c in (0..body).step_by(LANES) {
+            let y = _mm256_loadu_ps(h.as_ptr().add(c));
+            for (b, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_loadu_ps(base.add(b * d + c)), y));
+            }
+        }
+        // finish's tree for eight rows at once: lanes l + (l + 4) (low half + high half), then
+        // (q0 + q1) and (q2 + q3) by horizontal adds, then their sum; row i lands in lane
+        // [0, 4, 1, 5, 2, 6, 3, 7][i]
+        let halves = |a: __m256, b: __m256| {
+            _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a, b), _mm256_permute2f128_ps::<0x31>(a, b))
+        };
+        let (s01, s23, s45, s67) = (halves(acc[0], acc[1]), halves(acc[2], acc[3]), halves(acc[4], acc[5]), halves(acc[6], acc[7]));
+        let t = _mm256_hadd_ps(_mm256_hadd_ps(s01, s23), _mm256_hadd_ps(s45, s67));
+        let mut lanes = [0f32; LANES];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), t);
+        for (b, lane) in [0, 4, 1, 5, 2, 6, 3, 7].into_iter().enumerate() {
+            let row = &keys[(r + b) * d..(r + b + 1) * d];
+            let mut s = lanes[lane];
+            for (x, y) in row[body..].iter().zip(&h[body..]) {
+                s += x * y;
+            }
+            out[r + b] = s;
+        }
+    }
+    dots4_avx2(&keys[eights * d..], h, &mut out[eights..]);
+}
+
+/// [`dots_avx2`]'s remainder: four rows at a time, then one by one.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dots4_avx2(keys: &[f32], h: &[f32], out: &mut [f32]) {
     use std::arch::x86_64::{
         _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
     };
@@ -665,7 +709,7 @@ mod tests {
 
     #[test]
     fn blocked_dots_equal_dot_bit_for_bit() {
-        for (rows, d) in [(9usize, 19usize), (4, 8), (7, 96), (1, 3), (13, 24)] {
+        for (rows, d) in [(9usize, 19usize), (4, 8), (7, 96), (1, 3), (13, 24), (8, 64), (21, 64), (17, 70)] {
             let keys: Vec<f32> = (0..rows * d)
                 .map(|i| ((i * 7919 % 1013) as f32) / 517.0 - 1.0)
                 .collect();

@@ -232,7 +232,7 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], tmp: &mut [f32]) {
 pub fn exp_neg(x: f32) -> f32 {
     let live = (x >= -87.0) as u32 as f32;
     let x = x.clamp(-87.0, 0.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
     let t = (x - n * 0.693_359_4) + n * 2.121_944_4e-4;
     let p = 1.0 + t * (1.0 + t * (0.5 + t * (1.0 / 6.0 + t * (1.0 / 24.0 + t * (1.0 / 120.0 + t * (1.0 / 720.0 + t * (1.0 / 5040.0)))))));
     f32::from_bits(((n as i32 + 127) as u32) << 23) * p * live
@@ -305,12 +305,17 @@ fn attend_body(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f3
                     *x = v * scale;
                 }
             }
-            // the scores: four keys at a time where a head's keys are contiguous rows (the same
-            // bits as one `dot` each, `kernels::dots`)
+            // the scores: eight keys at a time where a head's keys are contiguous rows (the same
+            // bits as one `dot` each, `kernels::dots`), in blocks of keys that stay in L1 while
+            // every query reads them
             match keys.rows(row, kh, len, d) {
                 Some(rows) => {
-                    for (qv, pr) in qs.chunks_exact(d).zip(p.chunks_exact_mut(len)) {
-                        crate::kernels::dots(rows, qv, pr);
+                    let block = (KEY_BLOCK_BYTES / (4 * d)).max(8);
+                    for j0 in (0..len).step_by(block) {
+                        let j1 = (j0 + block).min(len);
+                        for (qv, pr) in qs.chunks_exact(d).zip(p.chunks_exact_mut(len)) {
+                            crate::kernels::dots(&rows[j0 * d..j1 * d], qv, &mut pr[j0..j1]);
+                        }
                     }
                 }
                 None => {
@@ -329,24 +334,22 @@ fn attend_body(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f3
                         *x += b;
                     }
                 }
-                let top = pr.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f32;
+                let top = lanes(pr, f32::NEG_INFINITY, f32::max, |l| l.into_iter().fold(f32::NEG_INFINITY, f32::max));
                 for x in pr.iter_mut() {
                     *x = exp_neg(*x - top);
                 }
-                for x in pr.iter() {
-                    sum += *x;
-                }
+                let sum = lanes(pr, 0.0, |a, b| a + b, |l| ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])));
                 let inv = 1.0 / sum;
                 for x in pr.iter_mut() {
                     *x *= inv;
                 }
             }
             // o = Σ_j p_j · v_j, in order of j, one query at a time
+            let rows = values.rows(row, kh, len, d);
             for (o, pr) in acc.chunks_exact_mut(d).zip(p.chunks_exact(len)) {
-                match d {
-                    64 => weighted_sum::<64>(o, pr, |j| values.at(row, kh, j, d)),
-                    128 => weighted_sum::<128>(o, pr, |j| values.at(row, kh, j, d)),
+                match (d, rows) {
+                    (64, Some(rows)) => weighted_sum::<64>(o, pr, rows.as_chunks().0),
+                    (128, Some(rows)) => weighted_sum::<128>(o, pr, rows.as_chunks().0),
                     _ => {
                         o.fill(0.0);
                         for (j, &w) in pr.iter().enumerate() {
@@ -365,18 +368,38 @@ fn attend_body(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f3
     }
 }
 
-/// out = Σ_j w[j] · v(j) over j in order (separate multiply and add, as the generic loop), with
+/// Bytes of keys per block of the scores (L1 is 32 KB or more on the CPUs this runs on).
+const KEY_BLOCK_BYTES: usize = 16 << 10;
+
+/// out = Σ_j w[j] · v[j] over j in order (separate multiply and add, as the generic loop), with
 /// the D sums in a local array the compiler keeps in registers.
 #[inline(always)]
-fn weighted_sum<'a, const D: usize>(out: &mut [f32], w: &[f32], v: impl Fn(usize) -> &'a [f32]) {
+fn weighted_sum<const D: usize>(out: &mut [f32], w: &[f32], v: &[[f32; D]]) {
     let mut o = [0f32; D];
-    for (j, &wj) in w.iter().enumerate() {
-        let vj: &[f32; D] = v(j).try_into().expect("a value row of D");
+    for (&wj, vj) in w.iter().zip(v) {
         for t in 0..D {
             o[t] += wj * vj[t];
         }
     }
     out.copy_from_slice(&o);
+}
+
+/// x reduced by `op` in 8 lanes (lane j mod 8 takes x[j], in order), the lanes then by `last`:
+/// a reduction that vectorises, and whose lanes a trailing run of identity elements leaves as
+/// they were (a position's masked keys, whatever their number, change nothing).
+#[inline(always)]
+fn lanes(x: &[f32], identity: f32, op: impl Fn(f32, f32) -> f32, last: impl Fn([f32; 8]) -> f32) -> f32 {
+    let mut acc = [identity; 8];
+    let (body, tail) = x.as_chunks::<8>();
+    for c in body {
+        for l in 0..8 {
+            acc[l] = op(acc[l], c[l]);
+        }
+    }
+    for (l, &v) in tail.iter().enumerate() {
+        acc[l] = op(acc[l], v);
+    }
+    last(acc)
 }
 
 #[cfg(test)]
