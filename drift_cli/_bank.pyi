@@ -196,6 +196,12 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     (the caller's and a persistent pool), the GIL released."""
 
 
+
+def read_sum(tensors: list[torch.Tensor], threads: int) -> float:
+    """The sum of every element of `tensors` (float32 CPU tensors, contiguous; ValueError
+    otherwise), read on `threads` threads as the skinny GEMM reads a weight, the GIL released:
+    the weight-read floor's timed read (drift_cli/engine/floor.py)."""
+
 # --- A Llama layer's pieces fused with the skinny GEMM (drift-bank-core `layer`; Python side:
 # drift_cli/engine/lean.py). float32 CPU tensors; ValueError on shapes that disagree or an output
 # that overlaps an input; the GIL released.

@@ -4,8 +4,10 @@ input is one line and exit 2 before any model loads."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+import torch
 
 from drift_cli.cli import main
 
@@ -44,6 +46,35 @@ def test_the_floor_counts_the_head_not_the_embedding_table():
     counted = floor.read_bytes(floor.read_tensors(lm))
     everything = sum(p.numel() * 4 for p in model.parameters())
     assert counted == everything - model.model.embed_tokens.weight.numel() * 4      # untied: the head, no table
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_extensions_read_sums_every_tensor(threads):
+    from drift_cli.engine import floor
+
+    if floor._READ_SUM is None:
+        pytest.skip("the extension has no read_sum")
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randint(-8, 8, (n,), generator=g).float() for n in (1, 63, 1 << 16, (1 << 18) + 5)]
+    assert floor._READ_SUM(tensors, threads) == sum(float(t.sum()) for t in tensors)      # small integers: exact
+    with pytest.raises(ValueError, match="contiguous"):
+        floor._READ_SUM([torch.ones(4, 4).t()[:, :2]], threads)
+    with pytest.raises(ValueError):
+        floor._READ_SUM([torch.ones(4, dtype=torch.float64)], threads)
+    assert floor.read_ms(tensors) > 0
+
+
+def test_openmp_threads_are_told_to_sleep_unless_the_user_said_otherwise(monkeypatch):
+    import importlib
+
+    import drift_cli
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    importlib.reload(drift_cli)
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    importlib.reload(drift_cli)
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 @pytest.mark.parametrize("args,message", [

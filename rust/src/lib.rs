@@ -508,6 +508,7 @@ fn _bank(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::drift_ema, m)?)?;
     m.add_class::<kernels::CpuBank>()?;
     m.add_function(wrap_pyfunction!(linear::skinny_linear, m)?)?;
+    m.add_function(wrap_pyfunction!(linear::read_sum, m)?)?;
     m.add_function(wrap_pyfunction!(linear::skinny_norm_linear, m)?)?;
     m.add_function(wrap_pyfunction!(linear::skinny_mlp, m)?)?;
     m.add_function(wrap_pyfunction!(linear::attend_few, m)?)?;

@@ -75,6 +75,25 @@ pub fn skinny_linear(
     Ok(())
 }
 
+/// The sum of every element of `tensors` (float32 CPU tensors, contiguous), read on `threads`
+/// threads as the skinny GEMM reads a weight, without the GIL: the weight-read floor's timed read.
+#[pyfunction]
+#[pyo3(signature = (tensors, threads))]
+pub fn read_sum(py: Python<'_>, tensors: Vec<Bound<'_, PyAny>>, threads: usize) -> PyResult<f64> {
+    // SAFETY: the tensors are held by the caller (the list) for the whole call
+    let spans = tensors
+        .iter()
+        .map(|t| unsafe { contiguous_f32("tensor", t) }.map(|(s, _)| (s.as_ptr() as usize, s.len())))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(py.detach(move || {
+        spans
+            .iter()
+            // SAFETY: as above; only read
+            .map(|&(ptr, len)| skinny::read(unsafe { std::slice::from_raw_parts(ptr as *const f32, len) }, threads.max(1)) as f64)
+            .sum()
+    }))
+}
+
 /// Whether two float32 slices share memory.
 fn overlaps(a: &[f32], b: &[f32]) -> bool {
     let (a0, a1) = (a.as_ptr() as usize, a.as_ptr() as usize + a.len() * 4);
@@ -117,7 +136,7 @@ pub fn skinny_norm_linear(
     py.detach(move || {
         // SAFETY: out is a distinct (checked), contiguous float32 buffer the caller gave to be written
         let y = unsafe { std::slice::from_raw_parts_mut(optr as *mut f32, olen) };
-        layer::norm_linears(xs, k, nw.map(|w| (w, eps)), &ws, y, add, threads.max(1))
+        layer::norm_linears(xs, k, nw.map(|w| (w, eps)), &ws, y, add, None, threads.max(1))
     })
     .map_err(PyValueError::new_err)
 }
@@ -150,7 +169,7 @@ pub fn skinny_mlp(
     py.detach(move || {
         // SAFETY: h is a distinct (checked), contiguous float32 buffer the caller gave to be updated
         let h = unsafe { std::slice::from_raw_parts_mut(hptr as *mut f32, hlen) };
-        layer::mlp(h, (nw, eps), g, u, d, threads.max(1))
+        layer::mlp(h, (nw, eps), g, u, d, None, threads.max(1))
     })
     .map_err(PyValueError::new_err)
 }

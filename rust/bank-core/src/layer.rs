@@ -27,8 +27,9 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 
 /// The outputs of `weights` ([n_i, k] each) for x [m, k] (RMSNormed first where `norm` is
 /// given: its weight [k] and eps), side by side in y [m, Σ n_i]; `add`: added into y (a
-/// residual stream).
-pub fn norm_linears(x: &[f32], k: usize, norm: Option<(&[f32], f32)>, weights: &[&[f32]], y: &mut [f32], add: bool, threads: usize) -> Result<(), String> {
+/// residual stream). `next`: the weight read after these (the prefetch stream runs on into it).
+#[allow(clippy::too_many_arguments)]
+pub fn norm_linears(x: &[f32], k: usize, norm: Option<(&[f32], f32)>, weights: &[&[f32]], y: &mut [f32], add: bool, next: Option<&[f32]>, threads: usize) -> Result<(), String> {
     if k == 0 || x.len() % k != 0 || norm.is_some_and(|(w, _)| w.len() != k) {
         return Err(format!("x ({}) and the norm are not rows of K = {k}", x.len()));
     }
@@ -37,13 +38,14 @@ pub fn norm_linears(x: &[f32], k: usize, norm: Option<(&[f32], f32)>, weights: &
         Some((nw, eps)) => {
             let mut xn = vec![0f32; x.len()];
             rms_norm(x, nw, eps, &mut xn);
-            linears_of(&xn, k, weights, y, m, add, threads)
+            linears_of(&xn, k, weights, y, m, add, next, threads)
         }
-        None => linears_of(x, k, weights, y, m, add, threads),
+        None => linears_of(x, k, weights, y, m, add, next, threads),
     }
 }
 
-fn linears_of(x: &[f32], k: usize, weights: &[&[f32]], y: &mut [f32], m: usize, add: bool, threads: usize) -> Result<(), String> {
+#[allow(clippy::too_many_arguments)]
+fn linears_of(x: &[f32], k: usize, weights: &[&[f32]], y: &mut [f32], m: usize, add: bool, next: Option<&[f32]>, threads: usize) -> Result<(), String> {
     let mut widths = Vec::with_capacity(weights.len());
     for (i, w) in weights.iter().enumerate() {
         if w.len() % k != 0 {
@@ -56,8 +58,12 @@ fn linears_of(x: &[f32], k: usize, weights: &[&[f32]], y: &mut [f32], m: usize, 
         return Err(format!("out has {} values, want {m} x {ld}", y.len()));
     }
     let mut col = 0;
-    for (w, n) in weights.iter().zip(widths) {
+    for (i, (w, n)) in weights.iter().zip(widths).enumerate() {
         let p = Problem::new(x, w, None, k)?;
+        let p = match weights.get(i + 1).copied().or(next) {
+            Some(then) => p.then(then),
+            None => p,
+        };
         linear_into(&p, y, Dest { ld, col, add }, threads);
         col += n;
     }
@@ -65,8 +71,9 @@ fn linears_of(x: &[f32], k: usize, weights: &[&[f32]], y: &mut [f32], m: usize, 
 }
 
 /// h [m, d] += down(silu(gate(n)) · up(n)) with n = RMSNorm(h) (norm weight [d], eps); gate and
-/// up [f, d], down [d, f].
-pub fn mlp(h: &mut [f32], norm: (&[f32], f32), gate: &[f32], up: &[f32], down: &[f32], threads: usize) -> Result<(), String> {
+/// up [f, d], down [d, f]. `next`: the weight read after down (the prefetch stream runs on into it).
+#[allow(clippy::too_many_arguments)]
+pub fn mlp(h: &mut [f32], norm: (&[f32], f32), gate: &[f32], up: &[f32], down: &[f32], next: Option<&[f32]>, threads: usize) -> Result<(), String> {
     let d = norm.0.len();
     if d == 0 || h.len() % d != 0 || gate.len() % d != 0 || gate.len() != up.len() || down.len() != gate.len() {
         return Err(format!("mlp: h {}, norm {d}, gate {}, up {}, down {} disagree", h.len(), gate.len(), up.len(), down.len()));
@@ -78,7 +85,7 @@ pub fn mlp(h: &mut [f32], norm: (&[f32], f32), gate: &[f32], up: &[f32], down: &
     let mut xn = vec![0f32; h.len()];
     rms_norm(h, norm.0, norm.1, &mut xn);
     let mut gu = vec![0f32; m * 2 * f];
-    linears_of(&xn, d, &[gate, up], &mut gu, m, false, threads)?;
+    linears_of(&xn, d, &[gate, up], &mut gu, m, false, Some(down), threads)?;
     let mut act = vec![0f32; m * f];
     for (a, row) in act.chunks_exact_mut(f).zip(gu.chunks_exact(2 * f)) {
         let (g, u) = row.split_at(f);
@@ -87,6 +94,10 @@ pub fn mlp(h: &mut [f32], norm: (&[f32], f32), gate: &[f32], up: &[f32], down: &
         }
     }
     let p = Problem::new(&act, down, None, f)?;
+    let p = match next {
+        Some(then) => p.then(then),
+        None => p,
+    };
     linear_into(&p, h, Dest { ld: d, col: 0, add: true }, threads);
     Ok(())
 }
@@ -184,7 +195,7 @@ pub fn decoder_step(
             recorded[slot * s * d..(slot + 1) * s * d].copy_from_slice(h);
             slot += 1;
         }
-        norm_linears(h, d, Some((w.input_norm, eps)), &[w.q, w.k, w.v], &mut qkv, false, threads)?;
+        norm_linears(h, d, Some((w.input_norm, eps)), &[w.q, w.k, w.v], &mut qkv, false, Some(w.o), threads)?;
         for (t, row) in qkv.chunks_exact_mut(ld).enumerate() {
             let (c, sn) = (&cos[t * hd..(t + 1) * hd], &sin[t * hd..(t + 1) * hd]);
             for x in row[..nq + nk].chunks_exact_mut(hd) {
@@ -205,8 +216,8 @@ pub fn decoder_step(
         let kv_strides = [per_layer / 2, cap * hd, hd];
         attend(view(&qkv[..], [s * ld, ld, hd]), view(keys, kv_strides), view(values, kv_strides), mask.map(|m| (m, 0)),
                [1, s, heads, kv_heads, len, hd], scale, &mut o)?;
-        norm_linears(&o, nq, None, &[w.o], h, true, threads)?;
-        mlp(h, (w.post_norm, eps), w.gate, w.up, w.down, threads)?;
+        norm_linears(&o, nq, None, &[w.o], h, true, Some(w.gate), threads)?;
+        mlp(h, (w.post_norm, eps), w.gate, w.up, w.down, layers.get(l + 1).map(|n| n.q), threads)?;
     }
     rms_norm(h, final_norm, eps, out);
     Ok(())
@@ -441,7 +452,7 @@ mod tests {
         let (m, k) = (3, 40);
         let (x, nw, wq, wk) = (data(m * k, 1), data(k, 2), data(24 * k, 3), data(8 * k, 4));
         let mut y = vec![f32::NAN; m * 32];
-        norm_linears(&x, k, Some((&nw, 1e-5)), &[&wq, &wk], &mut y, false, 1).unwrap();
+        norm_linears(&x, k, Some((&nw, 1e-5)), &[&wq, &wk], &mut y, false, None, 1).unwrap();
         let xn = norm_ref(&x, &nw, 1e-5);
         let (q, kk) = (matvec(&xn, &wq, k), matvec(&xn, &wk, k));
         for r in 0..m {
@@ -455,7 +466,7 @@ mod tests {
         // add: the residual stream gains exactly the outputs
         let mut h = data(m * 24, 9);
         let before = h.clone();
-        norm_linears(&x, k, Some((&nw, 1e-5)), &[&wq], &mut h, true, 2).unwrap();
+        norm_linears(&x, k, Some((&nw, 1e-5)), &[&wq], &mut h, true, None, 2).unwrap();
         for i in 0..m * 24 {
             assert!((h[i] as f64 - (before[i] as f64 + q[i])).abs() < 1e-4);
         }
@@ -467,7 +478,7 @@ mod tests {
         let (nw, g, u, dn) = (data(d, 5), data(f * d, 6), data(f * d, 7), data(d * f, 8));
         let h0 = data(4 * d, 10);
         let mut h = h0.clone();
-        mlp(&mut h, (&nw, 1e-6), &g, &u, &dn, 1).unwrap();
+        mlp(&mut h, (&nw, 1e-6), &g, &u, &dn, None, 1).unwrap();
         let xn = norm_ref(&h0, &nw, 1e-6);
         let (gg, uu) = (matvec(&xn, &g, d), matvec(&xn, &u, d));
         let act: Vec<f32> = gg.iter().zip(&uu).map(|(&a, &b)| (a / (1.0 + (-a).exp()) * b) as f32).collect();
@@ -477,16 +488,16 @@ mod tests {
         }
         // the last row alone gives the same bits
         let mut one = h0[3 * d..].to_vec();
-        mlp(&mut one, (&nw, 1e-6), &g, &u, &dn, 1).unwrap();
+        mlp(&mut one, (&nw, 1e-6), &g, &u, &dn, None, 1).unwrap();
         assert!(one.iter().zip(&h[3 * d..]).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 
     #[test]
     fn shapes_that_disagree_are_refused() {
         let mut y = vec![0f32; 6];
-        assert!(norm_linears(&[0.0; 7], 4, Some((&[1.0; 4], 1e-6)), &[&[0.0; 8]], &mut y, false, 1).is_err());
-        assert!(norm_linears(&[0.0; 8], 4, None, &[&[0.0; 8]], &mut y, false, 1).is_err());
-        assert!(mlp(&mut [0.0; 8], (&[1.0; 4], 1e-6), &[0.0; 8], &[0.0; 4], &[0.0; 8], 1).is_err());
+        assert!(norm_linears(&[0.0; 7], 4, Some((&[1.0; 4], 1e-6)), &[&[0.0; 8]], &mut y, false, None, 1).is_err());
+        assert!(norm_linears(&[0.0; 8], 4, None, &[&[0.0; 8]], &mut y, false, None, 1).is_err());
+        assert!(mlp(&mut [0.0; 8], (&[1.0; 4], 1e-6), &[0.0; 8], &[0.0; 4], &[0.0; 8], None, 1).is_err());
     }
 
     #[test]

@@ -40,7 +40,9 @@ impl Isa {
     /// x rows per pass in a call of `m` rows: [`GROUP`], except on AVX2 past GROUP rows.
     /// AVX2 has 16 vector registers, all of them the 4 × 4 block's accumulators: in a single
     /// pass that hides under the weights' read, but once a block takes two passes or more a
-    /// 4 × 3 block (12 accumulators) runs faster per row (docs/engine.md).
+    /// 4 × 3 block (12 accumulators) runs faster per row (docs/engine.md). (AVX-512's 32 would
+    /// hold a 2 × 8 block, one pass for 8 rows: on a Zen 5 core it computes as fast as two
+    /// passes of 4 × 4 from L2, but reads 8 rows from memory in 1.6× their time.)
     pub fn group(self, m: usize) -> usize {
         match self {
             Isa::Avx2 if m > GROUP => 3,
@@ -75,6 +77,9 @@ pub struct Problem<'a> {
     pub m: usize,
     pub n: usize,
     pub k: usize,
+    /// The weight the caller reads next, if known: the prefetch stream runs on into its first
+    /// rows instead of stopping at W's end (see [`Problem::then`]).
+    pub next: Option<&'a [f32]>,
 }
 
 impl<'a> Problem<'a> {
@@ -91,7 +96,16 @@ impl<'a> Problem<'a> {
                 return Err(format!("bias has {} entries, W {n} rows", b.len()));
             }
         }
-        Ok(Self { x, w, bias, m, n, k })
+        Ok(Self { x, w, bias, m, n, k, next: None })
+    }
+
+    /// This call followed by a read of `next` (the next weight of a forward): its last blocks
+    /// ask for `next`'s first rows, so that the next call does not start on a cold stream. On a
+    /// Zen 5 core it saved about 0.4 ms of SmolLM2-135M's 13.7 ms decoder step at one row (210
+    /// weights, each a new stream otherwise).
+    pub fn then(mut self, next: &'a [f32]) -> Self {
+        self.next = Some(next);
+        self
     }
 
 }
@@ -137,28 +151,41 @@ fn into_with(isa: Isa, p: &Problem<'_>, out: Out, dest: Dest, threads: usize) {
         unsafe { rows(isa, p, 0, p.n, out, dest) };
         return;
     }
-    let task = Arc::new(Task {
+    let task = Task {
         isa,
         x: Out(p.x.as_ptr() as *mut f32),
         w: Out(p.w.as_ptr() as *mut f32),
         bias: p.bias.map(|b| Out(b.as_ptr() as *mut f32)),
+        next: p.next.map(|w| (Out(w.as_ptr() as *mut f32), w.len())),
         m: p.m,
         n: p.n,
         k: p.k,
         out,
         dest,
         step: p.n.div_ceil(chunks).next_multiple_of(ROWS),
-        chunks,
-        next: AtomicUsize::new(0),
-        done: AtomicUsize::new(0),
-    });
-    pool(threads - 1).post(&task);
-    // SAFETY: see `Task::work`
-    unsafe { task.work() };
-    // the chunks other threads claimed: wait until they are written (a worker that starts
-    // later finds none left and touches nothing)
+    };
+    share(task, chunks, threads);
+}
+
+/// Work cut into chunks that any thread may take, one at a time, in any order.
+trait Chunks: Send + Sync {
+    /// Do chunk `c`.
+    ///
+    /// # Safety
+    /// Called once per chunk, while the operands the job points to are alive (see [`share`]).
+    unsafe fn chunk(&self, c: usize);
+}
+
+/// Run `job`'s `chunks` chunks on the caller and the pool of `threads - 1` workers; return once
+/// every chunk is done. The caller works too, so no thread waits for a pool worker that a busy
+/// machine has not scheduled yet (a worker that starts late finds nothing left and touches nothing).
+fn share<J: Chunks + 'static>(job: J, chunks: usize, threads: usize) {
+    let shared = Arc::new(Shared { job, chunks, next: AtomicUsize::new(0), done: AtomicUsize::new(0) });
+    pool(threads - 1).post(Arc::clone(&shared) as Arc<dyn Work>);
+    // SAFETY: see `Shared::work`
+    unsafe { shared.work() };
     let mut spins = 0u32;
-    while task.done.load(Ordering::Acquire) < chunks {
+    while shared.done.load(Ordering::Acquire) < chunks {
         if spins < 1 << 10 {
             std::hint::spin_loop();
             spins += 1;
@@ -168,54 +195,131 @@ fn into_with(isa: Isa, p: &Problem<'_>, out: Out, dest: Dest, threads: usize) {
     }
 }
 
-/// One call's work shared by the threads: chunks of `step` weight rows, claimed through `next`,
-/// counted in `done` once written. The caller works too and returns only when every chunk is
-/// done, so no thread waits for a pool worker that a busy machine has not scheduled yet.
-struct Task {
-    isa: Isa,
-    x: Out,
-    w: Out,
-    bias: Option<Out>,
-    m: usize,
-    n: usize,
-    k: usize,
-    out: Out,
-    dest: Dest,
-    step: usize,
+/// What the pool's workers are given.
+trait Work: Send + Sync {
+    /// # Safety
+    /// See [`Shared::work`].
+    unsafe fn work(&self);
+}
+
+/// A job's chunks claimed through `next`, counted in `done` once done.
+struct Shared<J> {
+    job: J,
     chunks: usize,
     next: AtomicUsize,
     done: AtomicUsize,
 }
 
-impl Task {
-    /// Claim and write chunks until none is left.
+impl<J: Chunks> Work for Shared<J> {
+    /// Claim and do chunks until none is left.
     ///
     /// # Safety
-    /// The operands behind the pointers are alive and unchanged until `done` reaches `chunks`
-    /// (the caller of `linear_with` waits for that); a chunk is claimed by one thread only, and
-    /// a claim past the last chunk touches nothing.
+    /// The operands behind the job's pointers are alive and unchanged until `done` reaches
+    /// `chunks` (the caller of [`share`] waits for that); a chunk is claimed by one thread only,
+    /// and a claim past the last chunk touches nothing.
     unsafe fn work(&self) {
         loop {
             let c = self.next.fetch_add(1, Ordering::Relaxed);
             if c >= self.chunks {
                 return;
             }
-            let start = (c * self.step).min(self.n);
-            let end = (start + self.step).min(self.n);
-            if start < end {
-                let p = Problem {
-                    x: std::slice::from_raw_parts(self.x.0, self.m * self.k),
-                    w: std::slice::from_raw_parts(self.w.0, self.n * self.k),
-                    bias: self.bias.map(|b| std::slice::from_raw_parts(b.0 as *const f32, self.n)),
-                    m: self.m,
-                    n: self.n,
-                    k: self.k,
-                };
-                rows(self.isa, &p, start, end, self.out, self.dest);
-            }
+            self.job.chunk(c);
             self.done.fetch_add(1, Ordering::Release);
         }
     }
+}
+
+/// One linear call's operands: chunks of `step` weight rows.
+struct Task {
+    isa: Isa,
+    x: Out,
+    w: Out,
+    bias: Option<Out>,
+    next: Option<(Out, usize)>,
+    m: usize,
+    n: usize,
+    k: usize,
+    out: Out,
+    dest: Dest,
+    step: usize,
+}
+
+impl Chunks for Task {
+    unsafe fn chunk(&self, c: usize) {
+        let start = (c * self.step).min(self.n);
+        let end = (start + self.step).min(self.n);
+        if start < end {
+            let p = Problem {
+                x: std::slice::from_raw_parts(self.x.0, self.m * self.k),
+                w: std::slice::from_raw_parts(self.w.0, self.n * self.k),
+                bias: self.bias.map(|b| std::slice::from_raw_parts(b.0 as *const f32, self.n)),
+                m: self.m,
+                n: self.n,
+                k: self.k,
+                next: self.next.map(|(w, len)| std::slice::from_raw_parts(w.0 as *const f32, len)),
+            };
+            rows(self.isa, &p, start, end, self.out, self.dest);
+        }
+    }
+}
+
+/// The sum of `w`'s elements (in no fixed order) on `threads` threads, shared as [`linear`]
+/// shares a weight: a streaming read at the bandwidth the kernels' own threads reach, which the
+/// weight-read floor is measured by (`drift_cli.engine.floor`).
+pub fn read(w: &[f32], threads: usize) -> f32 {
+    const CHUNK: usize = 1 << 16; // floats a piece
+    let chunks = if threads <= 1 { 1 } else { w.len().div_ceil(CHUNK).clamp(1, threads * 4) };
+    if chunks <= 1 {
+        return sum(w);
+    }
+    let mut parts = vec![0f32; chunks];
+    let job = Read { w: Out(w.as_ptr() as *mut f32), len: w.len(), step: w.len().div_ceil(chunks), parts: Out(parts.as_mut_ptr()) };
+    share(job, chunks, threads);
+    parts.iter().sum()
+}
+
+/// [`read`]'s pieces: `step` floats each, piece c's sum into parts[c].
+struct Read {
+    w: Out,
+    len: usize,
+    step: usize,
+    parts: Out,
+}
+
+impl Chunks for Read {
+    unsafe fn chunk(&self, c: usize) {
+        let start = (c * self.step).min(self.len);
+        let end = (start + self.step).min(self.len);
+        *self.parts.0.add(c) = sum(std::slice::from_raw_parts(self.w.0.add(start), end - start));
+    }
+}
+
+/// A slice's sum in 64 independent lanes (four 16-lane vectors where the machine has them).
+fn sum(w: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if detected() == Isa::Avx512 {
+        // SAFETY: AVX-512F is present (detected)
+        return unsafe { sum_512(w) };
+    }
+    sum_lanes(w)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum_512(w: &[f32]) -> f32 {
+    sum_lanes(w)
+}
+
+#[inline(always)]
+fn sum_lanes(w: &[f32]) -> f32 {
+    let mut acc = [0f32; 64];
+    let (body, tail) = w.as_chunks::<64>();
+    for c in body {
+        for l in 0..64 {
+            acc[l] += c[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail.iter().sum::<f32>()
 }
 
 /// How many pieces N is cut into: one per thread, more on large weights (the threads of a
@@ -245,7 +349,7 @@ const SPIN: Duration = Duration::from_micros(500);
 /// sleepers only if some sleep.
 struct Pool {
     generation: AtomicU64,
-    task: Mutex<Option<Arc<Task>>>,
+    task: Mutex<Option<Arc<dyn Work>>>,
     sleepers: AtomicUsize,
     wake: Condvar,
 }
@@ -268,10 +372,10 @@ impl Pool {
     }
 
     /// Offer `task` to the workers (the caller works on it too and waits for its chunks).
-    fn post(&self, task: &Arc<Task>) {
+    fn post(&self, task: Arc<dyn Work>) {
         #[cfg(test)]
         tests::POSTED.with(|c| c.set(c.get() + 1));
-        *self.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(task));
+        *self.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         self.generation.fetch_add(1, Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             // taking the lock orders this wake-up after a sleeper's last look at the generation
@@ -295,7 +399,7 @@ impl Pool {
             seen = self.generation.load(Ordering::SeqCst);
             let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).clone();
             if let Some(task) = task {
-                // SAFETY: see `Task::work` (a task whose chunks are all claimed is left untouched)
+                // SAFETY: see `Shared::work` (a job whose chunks are all claimed is left untouched)
                 unsafe { task.work() };
             }
         }
@@ -344,21 +448,34 @@ unsafe fn rows(isa: Isa, p: &Problem<'_>, n0: usize, n1: usize, out: Out, dest: 
     }
 }
 
-/// dots[i][j] = W[n + i] · x[m + j] for i < r, j < g, asking for the block two on as it goes,
+/// dots[i][j] = W[n + i] · x[m + j] for i < r, j < g, asking for a block further on as it goes,
 /// in every pass over the block: the memory stream runs ahead of the arithmetic instead of
 /// alternating with it (a pass that finds its block in L1 still keeps the stream going; with
-/// the hint in the first pass only, 8 rows cost 1.2× what they do now on a Zen 3 core).
+/// the hint in the first pass only, 8 rows cost 1.2× what they do now on a Zen 3 core). How far
+/// ahead: on AVX-512, the next block where a call takes one pass (m ≤ GROUP) and the block two
+/// on where it takes more; on AVX2, two on (measured on a Zen 5 and a Zen 3 core, docs/engine.md).
 #[inline(always)]
 fn block(isa: Isa, p: &Problem<'_>, n: usize, r: usize, m: usize, g: usize, dots: &mut [[f32; GROUP]; ROWS]) {
     let k = p.k;
     let w = &p.w[n * k..(n + r) * k];
     let x = &p.x[m * k..(m + g) * k];
+    // the block `ahead` on (W is row-major: the next block starts r·k floats on), past W's end
+    // in the next weight where there is one; a prefetch is a hint, never a fault, wherever it points
+    let ahead = if isa == Isa::Avx512 && p.m <= GROUP { 1 } else { 2 };
+    let off = (n + ahead * r) * k;
+    let pf = match p.next {
+        Some(next) if off >= p.w.len() => next.as_ptr().wrapping_add(off - p.w.len()),
+        _ => p.w.as_ptr().wrapping_add(off),
+    };
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::dispatch_512(w, r, x, g, k, dots) },
+        Isa::Avx512 => unsafe { x86::dispatch_512(w, r, x, g, k, pf, dots) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::dispatch_256(w, r, x, g, k, dots) },
-        _ => portable(w, r, x, g, k, dots),
+        Isa::Avx2 => unsafe { x86::dispatch_256(w, r, x, g, k, pf, dots) },
+        _ => {
+            let _ = pf;
+            portable(w, r, x, g, k, dots)
+        }
     }
 }
 
@@ -392,10 +509,8 @@ mod x86 {
     macro_rules! dispatch {
         ($name:ident, $kernel:ident, $feat:literal) => {
             #[target_feature(enable = $feat)]
-            pub unsafe fn $name(w: &[f32], r: usize, x: &[f32], g: usize, k: usize, d: &mut [[f32; GROUP]; ROWS]) {
+            pub unsafe fn $name(w: &[f32], r: usize, x: &[f32], g: usize, k: usize, pf: *const f32, d: &mut [[f32; GROUP]; ROWS]) {
                 let (w, x) = (w.as_ptr(), x.as_ptr());
-                // two blocks ahead (W is row-major: the next block starts r·k floats on); into L2
-                let pf = 2 * r * k;
                 match (r, g) {
                     (4, 4) => $kernel::<4, 4>(w, x, k, pf, d),
                     (4, 3) => $kernel::<4, 3>(w, x, k, pf, d),
@@ -421,10 +536,13 @@ mod x86 {
     dispatch!(dispatch_256, block_256, "avx2,fma");
 
     /// R weight rows (at w, stride k) against G x rows (at x, stride k): 16 lanes, one
-    /// accumulator per pair, FMA over K, masked tail, fixed reduction; the
-    /// lines pf floats ahead (the block two on) prefetched as the loop goes (a hint: never faults).
+    /// accumulator per pair, FMA over K, masked tail, fixed reduction; the R·k floats at pf
+    /// (a block further on) prefetched as the loop goes, R lines an iteration in address order, one sequential
+    /// stream, non-temporal (read once a forward; a hint: never faults). Against asking for the
+    /// block two on row by row into L2 (R streams side by side, as the AVX2 kernel does), one
+    /// Zen 5 core scores 1 row of SmolLM2-135M in 15.6 ms instead of 16.9, 4 in 16.7 instead of 20.9.
     #[target_feature(enable = "avx512f")]
-    unsafe fn block_512<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: usize, d: &mut [[f32; GROUP]; ROWS]) {
+    unsafe fn block_512<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: *const f32, d: &mut [[f32; GROUP]; ROWS]) {
         let mut acc = [[_mm512_setzero_ps(); G]; R];
         let full = k / 16 * 16;
         let mut t = 0;
@@ -434,7 +552,7 @@ mod x86 {
                 xs[j] = _mm512_loadu_ps(x.add(j * k + t));
             }
             for i in 0..R {
-                _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(pf + i * k + t) as *const i8);
+                _mm_prefetch::<_MM_HINT_NTA>(pf.wrapping_add(t * R + i * 16) as *const i8);
             }
             for i in 0..R {
                 let wv = _mm512_loadu_ps(w.add(i * k + t));
@@ -466,7 +584,7 @@ mod x86 {
 
     /// The AVX2+FMA kernel: as [`block_512`] with 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn block_256<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: usize, d: &mut [[f32; GROUP]; ROWS]) {
+    unsafe fn block_256<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: *const f32, d: &mut [[f32; GROUP]; ROWS]) {
         let mut acc = [[_mm256_setzero_ps(); G]; R];
         let full = k / 8 * 8;
         let mut t = 0;
@@ -477,7 +595,7 @@ mod x86 {
             }
             if t % 16 == 0 {
                 for i in 0..R {
-                    _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(pf + i * k + t) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(i * k + t) as *const i8);
                 }
             }
             for i in 0..R {
@@ -631,6 +749,32 @@ mod tests {
             }
             // longer than the workers spin: the next call must wake them (or do the work itself)
             std::thread::sleep(SPIN * 4);
+        }
+    }
+
+    #[test]
+    fn naming_the_next_weight_changes_no_output() {
+        for isa in isas() {
+            let (n, k) = (523, 61);
+            let (x, w, next) = (data(9 * k, 12), data(n * k, 13), data(7 * k, 14));
+            for m in [1, 4, 9] {
+                let p = Problem::new(&x[..m * k], &w, None, k).unwrap();
+                let (mut a, mut b) = (vec![0f32; m * n], vec![0f32; m * n]);
+                linear_with(isa, &p, &mut a, 2);
+                linear_with(isa, &p.then(&next), &mut b, 2);
+                assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa:?} m{m}");
+            }
+        }
+    }
+
+    #[test]
+    fn read_sums_every_element_on_any_thread_count() {
+        for len in [0usize, 1, 63, 64, 65, 1 << 16, (1 << 18) + 77] {
+            let w: Vec<f32> = (0..len).map(|i| (i % 7) as f32).collect();
+            let want: f64 = w.iter().map(|&v| v as f64).sum();
+            for threads in [1, 2, 3] {
+                assert_eq!(read(&w, threads) as f64, want, "len {len}, {threads} threads");
+            }
         }
     }
 
