@@ -43,15 +43,16 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
-def _kernel():
+def extension(name: str):
+    """`drift_cli._bank.<name>`, or None where the extension is missing or was built before it."""
     try:
-        from drift_cli._bank import skinny_linear
-    except ImportError:          # an extension built before the kernel existed
+        from drift_cli import _bank
+    except ImportError:
         return None
-    return skinny_linear
+    return getattr(_bank, name, None)
 
 
-_SKINNY = _kernel()
+_SKINNY = extension("skinny_linear")
 
 
 def eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from drift_cli.engine import cpu_linear
+
 SMALL = 1 << 16          # elements: smaller tensors are counted, not timed
 
 
@@ -42,15 +44,7 @@ def read_bytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _read_sum():
-    try:
-        from drift_cli._bank import read_sum
-    except ImportError:          # an extension built before the read existed
-        return None
-    return read_sum
-
-
-_READ_SUM = _read_sum()
+_READ_SUM = cpu_linear.extension("read_sum")
 
 
 def read_ms(tensors: list[torch.Tensor]) -> float:

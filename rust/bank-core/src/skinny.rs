@@ -229,6 +229,12 @@ impl<J: Chunks> Work for Shared<J> {
     }
 }
 
+/// Chunk c of `step` items out of `len`: [start, end), empty past the last.
+fn piece(c: usize, step: usize, len: usize) -> (usize, usize) {
+    let start = (c * step).min(len);
+    (start, (start + step).min(len))
+}
+
 /// One linear call's operands: chunks of `step` weight rows.
 struct Task {
     isa: Isa,
@@ -246,8 +252,7 @@ struct Task {
 
 impl Chunks for Task {
     unsafe fn chunk(&self, c: usize) {
-        let start = (c * self.step).min(self.n);
-        let end = (start + self.step).min(self.n);
+        let (start, end) = piece(c, self.step, self.n);
         if start < end {
             let p = Problem {
                 x: std::slice::from_raw_parts(self.x.0, self.m * self.k),
@@ -288,8 +293,7 @@ struct Read {
 
 impl Chunks for Read {
     unsafe fn chunk(&self, c: usize) {
-        let start = (c * self.step).min(self.len);
-        let end = (start + self.step).min(self.len);
+        let (start, end) = piece(c, self.step, self.len);
         *self.parts.0.add(c) = sum(std::slice::from_raw_parts(self.w.0.add(start), end - start));
     }
 }
