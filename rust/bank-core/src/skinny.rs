@@ -68,6 +68,25 @@ pub fn detected() -> Isa {
     })
 }
 
+/// How the AVX-512 kernel asks for the weights ahead: non-temporal, or into L2 (`_MM_HINT_T1`).
+/// The same address-order stream either way; the hint is the one thing that differs by core.
+/// On a Zen 5 core NTA reads fastest; on a Zen 4 core NTA costs a quarter more time than T1
+/// at one row and half as much again at four (docs/engine.md), so NTA only on AMD family 0x1A.
+pub fn nta_stream() -> bool {
+    static NTA: OnceLock<bool> = OnceLock::new();
+    *NTA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (v, f) = (std::arch::x86_64::__cpuid(0), std::arch::x86_64::__cpuid(1));
+            let amd = (v.ebx, v.edx, v.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163); // "AuthenticAMD"
+            let family = ((f.eax >> 8) & 0xf) + if (f.eax >> 8) & 0xf == 0xf { (f.eax >> 20) & 0xff } else { 0 };
+            amd && family >= 0x1a
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
 /// The operands of one call, shapes checked by [`Problem::new`].
 #[derive(Clone, Copy)]
 pub struct Problem<'a> {
@@ -473,9 +492,9 @@ fn block(isa: Isa, p: &Problem<'_>, n: usize, r: usize, m: usize, g: usize, dots
     };
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::dispatch_512(w, r, x, g, k, pf, dots) },
+        Isa::Avx512 => unsafe { x86::dispatch_512(w, r, x, g, k, pf, nta_stream(), dots) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::dispatch_256(w, r, x, g, k, pf, dots) },
+        Isa::Avx2 => unsafe { x86::dispatch_256(w, r, x, g, k, pf, false, dots) },
         _ => {
             let _ = pf;
             portable(w, r, x, g, k, dots)
@@ -513,25 +532,25 @@ mod x86 {
     macro_rules! dispatch {
         ($name:ident, $kernel:ident, $feat:literal) => {
             #[target_feature(enable = $feat)]
-            pub unsafe fn $name(w: &[f32], r: usize, x: &[f32], g: usize, k: usize, pf: *const f32, d: &mut [[f32; GROUP]; ROWS]) {
+            pub unsafe fn $name(w: &[f32], r: usize, x: &[f32], g: usize, k: usize, pf: *const f32, nta: bool, d: &mut [[f32; GROUP]; ROWS]) {
                 let (w, x) = (w.as_ptr(), x.as_ptr());
                 match (r, g) {
-                    (4, 4) => $kernel::<4, 4>(w, x, k, pf, d),
-                    (4, 3) => $kernel::<4, 3>(w, x, k, pf, d),
-                    (4, 2) => $kernel::<4, 2>(w, x, k, pf, d),
-                    (4, 1) => $kernel::<4, 1>(w, x, k, pf, d),
-                    (3, 4) => $kernel::<3, 4>(w, x, k, pf, d),
-                    (3, 3) => $kernel::<3, 3>(w, x, k, pf, d),
-                    (3, 2) => $kernel::<3, 2>(w, x, k, pf, d),
-                    (3, 1) => $kernel::<3, 1>(w, x, k, pf, d),
-                    (2, 4) => $kernel::<2, 4>(w, x, k, pf, d),
-                    (2, 3) => $kernel::<2, 3>(w, x, k, pf, d),
-                    (2, 2) => $kernel::<2, 2>(w, x, k, pf, d),
-                    (2, 1) => $kernel::<2, 1>(w, x, k, pf, d),
-                    (1, 4) => $kernel::<1, 4>(w, x, k, pf, d),
-                    (1, 3) => $kernel::<1, 3>(w, x, k, pf, d),
-                    (1, 2) => $kernel::<1, 2>(w, x, k, pf, d),
-                    _ => $kernel::<1, 1>(w, x, k, pf, d),
+                    (4, 4) => $kernel::<4, 4>(w, x, k, pf, nta, d),
+                    (4, 3) => $kernel::<4, 3>(w, x, k, pf, nta, d),
+                    (4, 2) => $kernel::<4, 2>(w, x, k, pf, nta, d),
+                    (4, 1) => $kernel::<4, 1>(w, x, k, pf, nta, d),
+                    (3, 4) => $kernel::<3, 4>(w, x, k, pf, nta, d),
+                    (3, 3) => $kernel::<3, 3>(w, x, k, pf, nta, d),
+                    (3, 2) => $kernel::<3, 2>(w, x, k, pf, nta, d),
+                    (3, 1) => $kernel::<3, 1>(w, x, k, pf, nta, d),
+                    (2, 4) => $kernel::<2, 4>(w, x, k, pf, nta, d),
+                    (2, 3) => $kernel::<2, 3>(w, x, k, pf, nta, d),
+                    (2, 2) => $kernel::<2, 2>(w, x, k, pf, nta, d),
+                    (2, 1) => $kernel::<2, 1>(w, x, k, pf, nta, d),
+                    (1, 4) => $kernel::<1, 4>(w, x, k, pf, nta, d),
+                    (1, 3) => $kernel::<1, 3>(w, x, k, pf, nta, d),
+                    (1, 2) => $kernel::<1, 2>(w, x, k, pf, nta, d),
+                    _ => $kernel::<1, 1>(w, x, k, pf, nta, d),
                 }
             }
         };
@@ -542,11 +561,12 @@ mod x86 {
     /// R weight rows (at w, stride k) against G x rows (at x, stride k): 16 lanes, one
     /// accumulator per pair, FMA over K, masked tail, fixed reduction; the R·k floats at pf
     /// (a block further on) prefetched as the loop goes, R lines an iteration in address order, one sequential
-    /// stream, non-temporal (read once a forward; a hint: never faults). Against asking for the
-    /// block two on row by row into L2 (R streams side by side, as the AVX2 kernel does), one
-    /// Zen 5 core scores 1 row of SmolLM2-135M in 15.6 ms instead of 16.9, 4 in 16.7 instead of 20.9.
+    /// stream (a hint: never faults), non-temporal where `nta` (see [`super::nta_stream`]), else
+    /// into L2. Against asking for the block two on row by row into L2 (R streams side by side,
+    /// as the AVX2 kernel does), one Zen 5 core scores 1 row of SmolLM2-135M in 15.6 ms instead
+    /// of 16.9 with NTA, 4 in 16.7 instead of 20.9.
     #[target_feature(enable = "avx512f")]
-    unsafe fn block_512<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: *const f32, d: &mut [[f32; GROUP]; ROWS]) {
+    unsafe fn block_512<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: *const f32, nta: bool, d: &mut [[f32; GROUP]; ROWS]) {
         let mut acc = [[_mm512_setzero_ps(); G]; R];
         let full = k / 16 * 16;
         let mut t = 0;
@@ -556,7 +576,12 @@ mod x86 {
                 xs[j] = _mm512_loadu_ps(x.add(j * k + t));
             }
             for i in 0..R {
-                _mm_prefetch::<_MM_HINT_NTA>(pf.wrapping_add(t * R + i * 16) as *const i8);
+                let line = pf.wrapping_add(t * R + i * 16) as *const i8;
+                if nta {
+                    _mm_prefetch::<_MM_HINT_NTA>(line)
+                } else {
+                    _mm_prefetch::<_MM_HINT_T1>(line)
+                }
             }
             for i in 0..R {
                 let wv = _mm512_loadu_ps(w.add(i * k + t));
@@ -588,7 +613,7 @@ mod x86 {
 
     /// The AVX2+FMA kernel: as [`block_512`] with 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn block_256<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: *const f32, d: &mut [[f32; GROUP]; ROWS]) {
+    unsafe fn block_256<const R: usize, const G: usize>(w: *const f32, x: *const f32, k: usize, pf: *const f32, _nta: bool, d: &mut [[f32; GROUP]; ROWS]) {
         let mut acc = [[_mm256_setzero_ps(); G]; R];
         let full = k / 8 * 8;
         let mut t = 0;
@@ -768,6 +793,27 @@ mod tests {
                 linear_with(isa, &p.then(&next), &mut b, 2);
                 assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa:?} m{m}");
             }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_prefetch_hint_changes_no_output() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let k = 45; // two full 16-lane steps and a masked tail
+        let (x, w) = (data(4 * k, 15), data(12 * k, 16));
+        for (r, g) in [(4, 4), (3, 2), (1, 1)] {
+            let (mut a, mut b) = ([[0f32; GROUP]; ROWS], [[0f32; GROUP]; ROWS]);
+            let pf = w[4 * k..].as_ptr();
+            // SAFETY: the CPU has AVX-512F (checked above); w and x hold r and g rows of k
+            unsafe {
+                x86::dispatch_512(&w[..r * k], r, &x[..g * k], g, k, pf, true, &mut a);
+                x86::dispatch_512(&w[..r * k], r, &x[..g * k], g, k, pf, false, &mut b);
+            }
+            assert!(a.iter().flatten().zip(b.iter().flatten()).all(|(a, b)| a.to_bits() == b.to_bits()), "({r}, {g})");
+            assert!(a[0][0] != 0.0);
         }
     }
 
