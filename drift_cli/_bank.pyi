@@ -216,10 +216,11 @@ def skinny_mlp(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate: tor
     """h [..., d] += down(silu(gate(n)) · up(n)), n = RMSNorm(h), in place."""
 
 def attend_few(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float,
-               out: torch.Tensor) -> None:
+               out: torch.Tensor, threads: int = 1) -> None:
     """out [R, S, Hq·D] = softmax(q·Kᵀ·scale + mask)·V for q [R, S, Hq, D] over keys/values
     [R, Hkv, L, D] (grouped heads read in place; strided views with a contiguous last dimension);
-    mask: additive, [S, L] for every row or [R, 1, S, L]."""
+    mask: additive, [S, L] for every row or [R, 1, S, L]. On `threads` threads, the same bits on
+    any number."""
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
     """out [..., d] = x · (1 / sqrt(mean(x²) + eps)) · weight, the mean accumulated in f64 per row."""

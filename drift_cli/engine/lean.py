@@ -257,7 +257,7 @@ class LeanDecoder:
         keys, values = cache.update(k.transpose(1, 2), v.transpose(1, 2), i)
         if s == 1:                      # one query per row: the kernel (no matmul's set-up)
             o = h.new_empty(r, s, self.heads * self.head_dim)
-            _FUSED[2](q, keys, values, mask, self.scale, o)
+            _FUSED[2](q, keys, values, mask, self.scale, o, threads)
         else:                           # several: PyTorch's batched matmul over grouped heads
             o = self._attend(q, keys, values, mask)
         _FUSED[0](o, None, 0.0, [attn.o_proj.weight], h, True, threads)           # h += o · Woᵀ

@@ -193,9 +193,11 @@ unsafe fn strided4<'a>(name: &str, t: &'a Bound<'_, PyAny>) -> PyResult<(&'a [f3
 
 /// out [R, S, Hq·D] = attention of q [R, S, Hq, D] over keys/values [R, Hkv, L, D] (grouped
 /// heads, read in place; strided views allowed, the last dimension contiguous), scaled by
-/// `scale`, plus an additive mask ([S, L] for every row, or [R, 1, S, L]). Without the GIL.
+/// `scale`, plus an additive mask ([S, L] for every row, or [R, 1, S, L]), on `threads`
+/// threads (the same bits on any number). Without the GIL.
 #[pyfunction]
-#[pyo3(signature = (q, keys, values, mask, scale, out))]
+#[pyo3(signature = (q, keys, values, mask, scale, out, threads = 1))]
+#[allow(clippy::too_many_arguments)]
 pub fn attend_few(
     py: Python<'_>,
     q: &Bound<'_, PyAny>,
@@ -204,6 +206,7 @@ pub fn attend_few(
     mask: Option<&Bound<'_, PyAny>>,
     scale: f32,
     out: &Bound<'_, PyAny>,
+    threads: usize,
 ) -> PyResult<()> {
     // SAFETY (all): the tensors are held by the caller for the whole call
     let (qs, qshape, qst) = unsafe { strided4("q", q)? };
@@ -235,7 +238,7 @@ pub fn attend_few(
         // SAFETY: out is a distinct (checked), contiguous float32 buffer the caller gave to be written
         let y = unsafe { std::slice::from_raw_parts_mut(optr as *mut f32, olen) };
         let view = |data, strides| layer::View { data, strides };
-        layer::attend(view(qs, qst), view(ks, kst), view(vs, vst), m, [r, s, hq, hkv, len, d], scale, y)
+        layer::attend(view(qs, qst), view(ks, kst), view(vs, vst), m, [r, s, hq, hkv, len, d], scale, y, threads.max(1))
     })
     .map_err(PyValueError::new_err)
 }

@@ -10,7 +10,7 @@
 //! bitwise the same scored alone or among others, as the skinny GEMM's are ([`crate::skinny`]).
 //! They may differ from PyTorch's fused kernels by float32 rounding.
 
-use crate::skinny::{linear_into, Dest, Problem};
+use crate::skinny::{linear_into, Chunks, Dest, Problem};
 
 /// out[m] = RMSNorm(x[m]) with weight w [k] (x, out: [m, k]).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -215,7 +215,7 @@ pub fn decoder_step(
         let view = |data, strides| View { data, strides };
         let kv_strides = [per_layer / 2, cap * hd, hd];
         attend(view(&qkv[..], [s * ld, ld, hd]), view(keys, kv_strides), view(values, kv_strides), mask.map(|m| (m, 0)),
-               [1, s, heads, kv_heads, len, hd], scale, &mut o)?;
+               [1, s, heads, kv_heads, len, hd], scale, &mut o, threads)?;
         norm_linears(&o, nq, None, &[w.o], h, true, Some(w.gate), threads)?;
         mlp(h, (w.post_norm, eps), w.gate, w.up, w.down, layers.get(l + 1).map(|n| n.q), threads)?;
     }
@@ -246,7 +246,15 @@ pub fn exp_neg(x: f32) -> f32 {
     let n = (x * std::f32::consts::LOG2_E).round_ties_even();
     let t = (x - n * 0.693_359_4) + n * 2.121_944_4e-4;
     let p = 1.0 + t * (1.0 + t * (0.5 + t * (1.0 / 6.0 + t * (1.0 / 24.0 + t * (1.0 / 120.0 + t * (1.0 / 720.0 + t * (1.0 / 5040.0)))))));
-    f32::from_bits(((n as i32 + 127) as u32) << 23) * p * live
+    pow2(n) * p * live
+}
+
+/// 2^n for an integer n in [-126, 0], from n + 127 in the low mantissa bits of 1.5·2^23 + n +
+/// 127 (exact: an integer below 2^23): the bits of `(n as i32 + 127) << 23` without the
+/// saturating conversion, which the compiler does not vectorise.
+#[inline(always)]
+fn pow2(n: f32) -> f32 {
+    f32::from_bits((n + 127.0 + 12_582_912.0).to_bits() << 23)
 }
 
 /// A strided view of [rows, heads or queries, ..., head_dim] float32 values, head_dim contiguous:
@@ -276,123 +284,222 @@ impl View<'_> {
 /// over j < len, g = hq / hkv (grouped KV heads read in place, never repeated). q: (row, query,
 /// head) strides; keys/values: (row, kv head, position) strides; mask: additive [.., s, len]
 /// values with a row stride (0: one mask for every row); out [r, s, hq, d] contiguous.
-/// Each output is computed by the same operations whatever the other queries or rows.
+/// Each output is computed by the same operations whatever the other queries or rows, and on
+/// whichever thread: on `threads` > 1 the (row, KV head) pairs' queries are cut into pieces that
+/// the caller and the skinny GEMM's pool share, where the work is large enough to pay for it.
 #[allow(clippy::too_many_arguments)]
-pub fn attend(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f32], usize)>, dims: [usize; 6], scale: f32, out: &mut [f32]) -> Result<(), String> {
-    let [r, s, hq, hkv, _, d] = dims;
+pub fn attend(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f32], usize)>, dims: [usize; 6], scale: f32, out: &mut [f32], threads: usize) -> Result<(), String> {
+    let [r, s, hq, hkv, len, d] = dims;
     if hkv == 0 || hq % hkv != 0 || out.len() != r * s * hq * d {
         return Err(format!("attend: {hq} query heads over {hkv} KV heads, out {} for {r}x{s}x{hq}x{d}", out.len()));
     }
-    // the same code with 256-bit vectors where the CPU has them (no fused multiply-add is formed
-    // without fast-math: the same bits either way)
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked at run time)
-        unsafe { attend_avx2(q, keys, values, mask, dims, scale, out) };
+    let nq = s * (hq / hkv); // the queries that read one KV head of a row
+    if r * nq == 0 {
         return Ok(());
     }
-    attend_body(q, keys, values, mask, dims, scale, out);
+    let pieces = if threads > 1 && r * s * hq * len >= SHARE_SCORES { (2 * threads).div_ceil(r * hkv).min(nq) } else { 1 };
+    let job = Attend {
+        q: Raw::of(q),
+        keys: Raw::of(keys),
+        values: Raw::of(values),
+        mask: mask.map(|(m, stride)| (m.as_ptr(), m.len(), stride)),
+        dims,
+        scale,
+        out: (out.as_mut_ptr(), out.len()),
+        per: nq.div_ceil(pieces),
+        pieces: nq.div_ceil(nq.div_ceil(pieces)),
+    };
+    let chunks = r * hkv * job.pieces;
+    if chunks == 1 || threads <= 1 {
+        for c in 0..chunks {
+            // SAFETY: the operands are borrowed for this call; each chunk writes its own outputs
+            unsafe { job.chunk(c) };
+        }
+    } else {
+        crate::skinny::share(job, chunks, threads);
+    }
     Ok(())
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn attend_avx2(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f32], usize)>, dims: [usize; 6], scale: f32, out: &mut [f32]) {
-    attend_body(q, keys, values, mask, dims, scale, out)
+/// Query-key pairs (r · s · hq · len) from which `attend` shares its work among threads: below
+/// it (one query a row over a 200-position prefix: about 10 µs a layer) the hand-over costs more
+/// than the second thread brings.
+const SHARE_SCORES: usize = 4096;
+
+/// A slice as a pointer and a length, for a job the pool's threads run (see `skinny::share`).
+#[derive(Clone, Copy)]
+struct Raw {
+    data: (*const f32, usize),
+    strides: [usize; 3],
 }
 
+impl Raw {
+    fn of(v: View<'_>) -> Self {
+        Raw { data: (v.data.as_ptr(), v.data.len()), strides: v.strides }
+    }
+
+    /// # Safety
+    /// The slice this was made of is alive and unchanged.
+    unsafe fn view<'a>(self) -> View<'a> {
+        View { data: std::slice::from_raw_parts(self.data.0, self.data.1), strides: self.strides }
+    }
+}
+
+/// One `attend` call: chunk c is queries [per·p, per·(p + 1)) of (row, KV head) c / pieces,
+/// p = c mod pieces.
+struct Attend {
+    q: Raw,
+    keys: Raw,
+    values: Raw,
+    mask: Option<(*const f32, usize, usize)>,
+    dims: [usize; 6],
+    scale: f32,
+    out: (*mut f32, usize),
+    per: usize,
+    pieces: usize,
+}
+
+// SAFETY: the pointers are read (and `out` written, each output by one chunk) only while the
+// `attend` call that made them waits, its borrows alive
+unsafe impl Send for Attend {}
+unsafe impl Sync for Attend {}
+
+impl Chunks for Attend {
+    unsafe fn chunk(&self, c: usize) {
+        let [_, s, hq, hkv, _, _] = self.dims;
+        let (unit, piece) = (c / self.pieces, c % self.pieces);
+        let nq = s * (hq / hkv);
+        let (q0, q1) = ((piece * self.per).min(nq), ((piece + 1) * self.per).min(nq));
+        if q0 == q1 {
+            return;
+        }
+        let mask = self.mask.map(|(m, len, stride)| (std::slice::from_raw_parts(m, len), stride));
+        let out = std::slice::from_raw_parts_mut(self.out.0, self.out.1);
+        let args = (self.q.view(), self.keys.view(), self.values.view(), mask, self.dims, self.scale);
+        let at = (unit / hkv, unit % hkv, q0, q1);
+        // the same code with 256-bit vectors where the CPU has them (no fused multiply-add is
+        // formed without fast-math: the same bits either way)
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked at run time)
+            return unit_avx2(args, at, out);
+        }
+        unit_body(args, at, out)
+    }
+}
+
+/// `attend`'s operands: q, keys, values, mask, dims, scale.
+type AttendArgs<'a> = (View<'a>, View<'a>, View<'a>, Option<(&'a [f32], usize)>, [usize; 6], f32);
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn unit_avx2(args: AttendArgs<'_>, at: (usize, usize, usize, usize), out: &mut [f32]) {
+    unit_body(args, at, out)
+}
+
+/// Queries [q0, q1) of KV head kh of a row (query qi: position qi / g, head kh·g + qi mod g),
+/// into their outputs (written by this call alone).
 #[inline(always)]
-fn attend_body(q: View<'_>, keys: View<'_>, values: View<'_>, mask: Option<(&[f32], usize)>, dims: [usize; 6], scale: f32, out: &mut [f32]) {
-    let [r, s, hq, hkv, len, d] = dims;
+fn unit_body((q, keys, values, mask, dims, scale): AttendArgs<'_>, (row, kh, q0, q1): (usize, usize, usize, usize), out: &mut [f32]) {
+    let [_, s, hq, hkv, len, d] = dims;
     let g = hq / hkv;
-    let nq = s * g;                                  // the queries that read one KV head of a row
+    let nq = q1 - q0;
     let mut p = vec![0f32; nq * len];
     let mut acc = vec![0f32; nq * d];
     let mut qs = vec![0f32; nq * d];                 // those queries, contiguous and scaled
-    for row in 0..r {
-        for kh in 0..hkv {
-            for (qi, dst) in qs.chunks_exact_mut(d).enumerate() {
-                for (x, &v) in dst.iter_mut().zip(q.at(row, qi / g, kh * g + qi % g, d)) {
-                    *x = v * scale;
+    for (qi, dst) in (q0..q1).zip(qs.chunks_exact_mut(d)) {
+        for (x, &v) in dst.iter_mut().zip(q.at(row, qi / g, kh * g + qi % g, d)) {
+            *x = v * scale;
+        }
+    }
+    // the scores: eight keys at a time where a head's keys are contiguous rows (the same bits as
+    // one `dot` each, `kernels::dots`), in blocks of keys that stay in L1 while every query reads them
+    match keys.rows(row, kh, len, d) {
+        Some(rows) => {
+            let block = (KEY_BLOCK_BYTES / (4 * d)).max(8);
+            for j0 in (0..len).step_by(block) {
+                let j1 = (j0 + block).min(len);
+                for (qv, pr) in qs.chunks_exact(d).zip(p.chunks_exact_mut(len)) {
+                    crate::kernels::dots(&rows[j0 * d..j1 * d], qv, &mut pr[j0..j1]);
                 }
-            }
-            // the scores: eight keys at a time where a head's keys are contiguous rows (the same
-            // bits as one `dot` each, `kernels::dots`), in blocks of keys that stay in L1 while
-            // every query reads them
-            match keys.rows(row, kh, len, d) {
-                Some(rows) => {
-                    let block = (KEY_BLOCK_BYTES / (4 * d)).max(8);
-                    for j0 in (0..len).step_by(block) {
-                        let j1 = (j0 + block).min(len);
-                        for (qv, pr) in qs.chunks_exact(d).zip(p.chunks_exact_mut(len)) {
-                            crate::kernels::dots(&rows[j0 * d..j1 * d], qv, &mut pr[j0..j1]);
-                        }
-                    }
-                }
-                None => {
-                    for j in 0..len {
-                        let kj = keys.at(row, kh, j, d);
-                        for (qi, qv) in qs.chunks_exact(d).enumerate() {
-                            p[qi * len + j] = crate::kernels::dot(qv, kj);
-                        }
-                    }
-                }
-            }
-            for (qi, pr) in p.chunks_exact_mut(len).enumerate() {
-                if let Some((m, stride)) = mask {
-                    let i = qi / g;
-                    for (x, &b) in pr.iter_mut().zip(&m[row * stride + i * len..row * stride + (i + 1) * len]) {
-                        *x += b;
-                    }
-                }
-                let top = lanes(pr, f32::NEG_INFINITY, f32::max, |l| l.into_iter().fold(f32::NEG_INFINITY, f32::max));
-                for x in pr.iter_mut() {
-                    *x = exp_neg(*x - top);
-                }
-                let sum = lanes(pr, 0.0, |a, b| a + b, |l| ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])));
-                let inv = 1.0 / sum;
-                for x in pr.iter_mut() {
-                    *x *= inv;
-                }
-            }
-            // o = Σ_j p_j · v_j, in order of j, one query at a time
-            let rows = values.rows(row, kh, len, d);
-            for (o, pr) in acc.chunks_exact_mut(d).zip(p.chunks_exact(len)) {
-                match (d, rows) {
-                    (64, Some(rows)) => weighted_sum::<64>(o, pr, rows.as_chunks().0),
-                    (128, Some(rows)) => weighted_sum::<128>(o, pr, rows.as_chunks().0),
-                    _ => {
-                        o.fill(0.0);
-                        for (j, &w) in pr.iter().enumerate() {
-                            for (o, &v) in o.iter_mut().zip(values.at(row, kh, j, d)) {
-                                *o += w * v;
-                            }
-                        }
-                    }
-                }
-            }
-            for (qi, a) in acc.chunks_exact(d).enumerate() {
-                let (i, h) = (qi / g, kh * g + qi % g);
-                out[((row * s + i) * hq + h) * d..((row * s + i) * hq + h + 1) * d].copy_from_slice(a);
             }
         }
+        None => {
+            for j in 0..len {
+                let kj = keys.at(row, kh, j, d);
+                for (qv, pr) in qs.chunks_exact(d).zip(p.chunks_exact_mut(len)) {
+                    pr[j] = crate::kernels::dot(qv, kj);
+                }
+            }
+        }
+    }
+    for (qi, pr) in (q0..q1).zip(p.chunks_exact_mut(len)) {
+        if let Some((m, stride)) = mask {
+            let i = qi / g;
+            for (x, &b) in pr.iter_mut().zip(&m[row * stride + i * len..row * stride + (i + 1) * len]) {
+                *x += b;
+            }
+        }
+        let top = lanes(pr, f32::NEG_INFINITY, f32::max, |l| l.into_iter().fold(f32::NEG_INFINITY, f32::max));
+        for x in pr.iter_mut() {
+            *x = exp_neg(*x - top);
+        }
+        let sum = lanes(pr, 0.0, |a, b| a + b, |l| ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])));
+        let inv = 1.0 / sum;
+        for x in pr.iter_mut() {
+            *x *= inv;
+        }
+    }
+    // o = Σ_j p_j · v_j, in order of j for every query
+    match (d, values.rows(row, kh, len, d)) {
+        (64, Some(rows)) => weighted_sums::<64>(&mut acc, &p, rows.as_chunks().0),
+        (128, Some(rows)) => weighted_sums::<128>(&mut acc, &p, rows.as_chunks().0),
+        _ => {
+            for (o, pr) in acc.chunks_exact_mut(d).zip(p.chunks_exact(len)) {
+                o.fill(0.0);
+                for (j, &w) in pr.iter().enumerate() {
+                    for (o, &v) in o.iter_mut().zip(values.at(row, kh, j, d)) {
+                        *o += w * v;
+                    }
+                }
+            }
+        }
+    }
+    for (qi, a) in (q0..q1).zip(acc.chunks_exact(d)) {
+        let (i, h) = (qi / g, kh * g + qi % g);
+        out[((row * s + i) * hq + h) * d..((row * s + i) * hq + h + 1) * d].copy_from_slice(a);
     }
 }
 
 /// Bytes of keys per block of the scores (L1 is 32 KB or more on the CPUs this runs on).
 const KEY_BLOCK_BYTES: usize = 16 << 10;
 
-/// out = Σ_j w[j] · v[j] over j in order (separate multiply and add, as the generic loop), with
-/// the D sums in a local array the compiler keeps in registers.
+/// Bytes of values per block of the weighted sums: every query's sum goes through a block while
+/// it sits in L1 (one query at a time over all the values read them from L2, 8.1× one query's
+/// time for 8 queries instead of the arithmetic's 8×, docs/engine.md).
+const VALUE_BLOCK_BYTES: usize = 16 << 10;
+
+/// out[q] = Σ_j w[q][j] · v[j] over j in order for each query q (separate multiply and add, as
+/// the generic loop), over blocks of j that stay in L1 while every query adds them, a query's D
+/// sums in a local array the compiler keeps in registers within a block: each sum takes the
+/// same operations in the same order as one query alone, so the bits are the generic loop's.
 #[inline(always)]
-fn weighted_sum<const D: usize>(out: &mut [f32], w: &[f32], v: &[[f32; D]]) {
-    let mut o = [0f32; D];
-    for (&wj, vj) in w.iter().zip(v) {
-        for t in 0..D {
-            o[t] += wj * vj[t];
+fn weighted_sums<const D: usize>(out: &mut [f32], w: &[f32], v: &[[f32; D]]) {
+    let len = v.len();
+    out.fill(0.0);
+    let block = (VALUE_BLOCK_BYTES / (4 * D)).max(8);
+    for j0 in (0..len).step_by(block) {
+        let j1 = (j0 + block).min(len);
+        for (o, wq) in out.as_chunks_mut::<D>().0.iter_mut().zip(w.chunks_exact(len)) {
+            let mut acc = *o;
+            for (&wj, vj) in wq[j0..j1].iter().zip(&v[j0..j1]) {
+                for t in 0..D {
+                    acc[t] += wj * vj[t];
+                }
+            }
+            *o = acc;
         }
     }
-    out.copy_from_slice(&o);
 }
 
 /// x reduced by `op` in 8 lanes (lane j mod 8 takes x[j], in order), the lanes then by `last`:
@@ -508,6 +615,28 @@ mod tests {
         }
     }
 
+    #[test]
+    fn attend_gives_the_same_bits_on_any_thread_count() {
+        // large enough to be shared (r·s·hq·len >= SHARE_SCORES), 8·3 queries a KV head cut unevenly
+        let (r, s, hq, hkv, len, d) = (2, 8, 9, 3, 61, 64);
+        assert!(r * s * hq * len >= SHARE_SCORES);
+        let (q, k, v, m) = (data(r * s * hq * d, 31), data(r * hkv * len * d, 32), data(r * hkv * len * d, 33), data(r * s * len, 34));
+        let kv = [hkv * len * d, len * d, d];
+        let run = |threads: usize| {
+            let mut out = vec![0f32; r * s * hq * d];
+            fn view(data: &[f32], strides: [usize; 3]) -> View<'_> {
+                View { data, strides }
+            }
+            attend(view(&q, [s * hq * d, hq * d, d]), view(&k, kv), view(&v, kv), Some((&m, s * len)), [r, s, hq, hkv, len, d], 0.125, &mut out, threads).unwrap();
+            out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        let one = run(1);
+        assert!(one.iter().all(|&b| b != 0));
+        for threads in [2, 3, 5] {
+            assert_eq!(run(threads), one, "{threads} threads");
+        }
+    }
+
     fn attend_against_a_reference(d: usize) {
         let (r, s, hq, hkv, len) = (2, 3, 4, 2, 5);
         let (q, k, v, m) = (data(r * s * hq * d, 11), data(r * hkv * len * d, 12), data(r * hkv * len * d, 13), data(r * s * len, 14));
@@ -516,7 +645,7 @@ mod tests {
             (q.leak(), k.leak(), v.leak(), m.leak());
         let mut out = vec![0f32; r * s * hq * d];
         let kv = [hkv * len * d, len * d, d];
-        attend(view(q, [s * hq * d, hq * d, d]), view(k, kv), view(v, kv), Some((m, s * len)), [r, s, hq, hkv, len, d], 0.3, &mut out).unwrap();
+        attend(view(q, [s * hq * d, hq * d, d]), view(k, kv), view(v, kv), Some((m, s * len)), [r, s, hq, hkv, len, d], 0.3, &mut out, 1).unwrap();
         for row in 0..r {
             for i in 0..s {
                 for h in 0..hq {
@@ -534,6 +663,29 @@ mod tests {
                         assert!((out[((row * s + i) * hq + h) * d + t] as f64 - want).abs() < 1e-5);
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn blocked_weighted_sums_are_the_generic_loops_bits() {
+        // 300 positions: several value blocks at both head dims; 5 queries
+        for d in [64usize, 128] {
+            let (nq, len) = (5, 300);
+            let (w, v) = (data(nq * len, 21), data(len * d, 22));
+            let mut blocked = vec![0f32; nq * d];
+            match d {
+                64 => weighted_sums::<64>(&mut blocked, &w, v.as_chunks().0),
+                _ => weighted_sums::<128>(&mut blocked, &w, v.as_chunks().0),
+            }
+            for q in 0..nq {
+                let mut o = vec![0f32; d];
+                for j in 0..len {
+                    for t in 0..d {
+                        o[t] += w[q * len + j] * v[j * d + t];
+                    }
+                }
+                assert_eq!(blocked[q * d..(q + 1) * d].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), o.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "d {d}, query {q}");
             }
         }
     }
@@ -684,6 +836,9 @@ mod tests {
             let x = -(i as f32) * 1e-3;
             let (a, b) = (exp_neg(x), x.exp());
             assert!((a - b).abs() <= 2.0 * f32::EPSILON * b.max(f32::MIN_POSITIVE), "{x}: {a} vs {b}");
+        }
+        for n in -126..=0 {
+            assert_eq!(pow2(n as f32).to_bits(), ((n + 127) as u32) << 23, "2^{n}");
         }
         assert_eq!(exp_neg(-3.0e38), 0.0);
         assert_eq!(exp_neg(0.0), 1.0);
